@@ -1,0 +1,342 @@
+"""`normbench bench`: every implementation x op x direction x shape x dtype, checked, then timed
+against the copy-bandwidth roofline measured in the same run.
+
+Method (also in the README):
+* correctness first: the point's fwd and/or bwd are checked against fp64 (harness.checker); a point
+  that fails is recorded as failed, never timed, never ranked;
+* the first call (JIT compilation, autotuning, dynamo tracing) is timed separately as ``compile_s``;
+* timing with CUDA events through ``triton.testing.do_bench``, which flushes the L2 (writes a 256 MB
+  buffer) before every repetition; 3 independent trials, each a median over its repetitions; the
+  point's time is the median of all repetitions, with p95 and the spread of the trial medians
+  ((max - min) / min), flagged noisy above 5%;
+* decode shapes (launch-bound) are timed as CUDA-graph replays of 20 calls (L2 not flushed: their
+  inputs are under 2 MB and stay cache-resident, as they do in a real decode step);
+* results are appended to ``results.jsonl`` as they come, so an interrupted run keeps what it measured
+  and ``--resume`` skips points already there.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import subprocess
+import time
+import traceback
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+
+from . import autograd
+from .checker import run_check
+from .contract import DTYPES, Implementation
+from .inputs import make_case
+from .roofline import bytes_moved, tbps
+from .shapes import Shape
+
+NOISY_SPREAD = 0.05
+TRIALS = 3
+GRAPH_CALLS = 20
+GRAPH_SHAPE_SETS = ("decode",)
+
+
+@dataclass
+class Point:
+    impl: str
+    dsl: str
+    external: bool
+    op: str
+    direction: str
+    shape_set: str
+    shape: str
+    M: int
+    N: int
+    dtype: str
+    status: str = "skip"  # ok | failed | error | skip
+    reason: str = ""
+    check: str = ""
+    compile_s: float | None = None
+    ms: float | None = None  # median over all repetitions of all trials
+    ms_p95: float | None = None
+    trial_ms: list = field(default_factory=list)
+    spread: float | None = None
+    noisy: bool = False
+    graph: bool = False
+    bytes_main: int = 0
+    bytes_extra: int = 0
+    tbps: float | None = None
+    frac_roofline: float | None = None
+
+    @property
+    def key(self) -> tuple:
+        return (self.impl, self.op, self.direction, self.shape, self.dtype)
+
+
+class CudaTimer:
+    """Times a zero-argument callable on the GPU; returns one list of repetition times (ms) per trial."""
+
+    def __init__(self, warmup_ms: int = 25, rep_ms: int = 100, trials: int = TRIALS):
+        self.warmup_ms, self.rep_ms, self.trials = warmup_ms, rep_ms, trials
+
+    def time(self, fn, graph: bool = False) -> tuple[list[list[float]], bool]:
+        import triton.testing
+
+        if graph:
+            try:
+                return [self._graph_trial(fn) for _ in range(self.trials)], True
+            except Exception:  # not capturable (host syncs, allocations): plain timing instead
+                torch.cuda.synchronize()
+        trials = []
+        for _ in range(self.trials):
+            t = triton.testing.do_bench(fn, warmup=self.warmup_ms, rep=self.rep_ms, return_mode="all")
+            trials.append(list(t) if isinstance(t, (list, tuple)) else [float(t)])
+        return trials, False
+
+    def _graph_trial(self, fn) -> list[float]:
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            for _ in range(3):
+                fn()
+        torch.cuda.current_stream().wait_stream(s)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            for _ in range(GRAPH_CALLS):
+                fn()
+        g.replay()
+        torch.cuda.synchronize()
+        times = []
+        for _ in range(20):
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            g.replay()
+            b.record()
+            b.synchronize()
+            times.append(a.elapsed_time(b) / GRAPH_CALLS)
+        return times
+
+    def sync(self):
+        torch.cuda.synchronize()
+
+
+def _percentile(xs: list[float], q: float) -> float:
+    s = sorted(xs)
+    i = min(len(s) - 1, max(0, round(q * (len(s) - 1))))
+    return s[i]
+
+
+def summarize(trials: list[list[float]]) -> dict:
+    """Median and p95 over all repetitions, spread of the trial medians, noisy flag."""
+    flat = [t for tr in trials for t in tr]
+    if not flat:
+        raise ValueError("no timings")
+    meds = [statistics.median(tr) for tr in trials if tr]
+    spread = (max(meds) - min(meds)) / min(meds) if min(meds) > 0 else 0.0
+    return {
+        "ms": statistics.median(flat),
+        "ms_p95": _percentile(flat, 0.95),
+        "trial_ms": meds,
+        "spread": spread,
+        "noisy": spread > NOISY_SPREAD,
+    }
+
+
+# ---------------------------------------------------------------- environment
+def _version(mod: str):
+    try:
+        from importlib.metadata import version
+
+        return version(mod)
+    except Exception:
+        return None
+
+
+def environment(device: str = "cuda") -> dict:
+    env = {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "versions": {
+            p: _version(p)
+            for p in ("triton", "helion", "nvidia-cutlass-dsl", "quack-kernels", "liger-kernel", "tritonbench")
+        },
+        "host": platform.node(),
+    }
+    if device == "cuda" and torch.cuda.is_available():
+        props = torch.cuda.get_device_properties(0)
+        env.update(
+            gpu=props.name,
+            sm_count=props.multi_processor_count,
+            capability=f"{props.major}.{props.minor}",
+            memory_gib=round(props.total_memory / 2**30, 1),
+        )
+        try:
+            out = subprocess.run(
+                ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"], capture_output=True, text=True, timeout=20
+            )
+            env["driver"] = out.stdout.strip().splitlines()[0] if out.stdout.strip() else None
+        except Exception:
+            env["driver"] = None
+    else:
+        env["gpu"] = "cpu"
+    env["git_commit"] = git_commit()
+    return env
+
+
+def git_commit() -> str | None:
+    root = Path(__file__).resolve().parent.parent
+    try:
+        out = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10)
+        commit = out.stdout.strip() or None
+        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True, timeout=10)
+        return f"{commit}{'-dirty' if dirty.stdout.strip() else ''}" if commit else None
+    except Exception:
+        return os.environ.get("NORMBENCH_COMMIT")
+
+
+def slug(text: str) -> str:
+    return "".join(c.lower() if c.isalnum() else "-" for c in text).strip("-").replace("--", "-")
+
+
+# ---------------------------------------------------------------- the run
+def load_results(path: Path) -> list[dict]:
+    if not path.exists():
+        return []
+    rows = []
+    for line in path.read_text().splitlines():
+        line = line.strip()
+        if line:
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue  # a line cut off by an interrupted run
+    return rows
+
+
+def point_key(d: dict) -> tuple:
+    return (d["impl"], d["op"], d["direction"], d["shape"], d["dtype"])
+
+
+def plan(impls, ops, directions, shape_sets, dtypes) -> list[tuple]:
+    todo = []
+    for set_name, shapes in shape_sets:
+        for shape in shapes:
+            for op in ops:
+                for direction in directions:
+                    for dtype in dtypes:
+                        for impl in impls:
+                            if op in impl.ops:
+                                todo.append((impl, op, direction, set_name, shape, dtype))
+    return todo
+
+
+def measure_point(impl: Implementation, op, direction, set_name, shape: Shape, dtype, device, timer, seed=0) -> Point:
+    p = Point(impl.name, impl.dsl, impl.external, op, direction, set_name, shape.label, shape.m, shape.n, dtype)
+    b = bytes_moved(op, direction, shape.m, shape.n, DTYPES[dtype].itemsize)
+    p.bytes_main, p.bytes_extra = b.main, b.extra
+    why = impl.unavailable(device)
+    if why is None and dtype not in impl.dtypes:
+        why = f"does not support {dtype}"
+    if why:
+        p.reason = why
+        return p
+    try:
+        k = impl.kernels(device)
+        case = make_case(op, shape, DTYPES[dtype], device, seed)
+        t0 = time.perf_counter()
+        fn = autograd.callables(k, op, direction, case)
+        fn()
+        timer.sync()
+        p.compile_s = time.perf_counter() - t0
+        checks = ("fwd", "bwd") if direction == "fwdbwd" else (direction,)
+        for d in checks:
+            r = run_check(impl, op, d, shape, dtype, device, seed=seed + 1, kernels=k)
+            if not r.passed:
+                p.status = "failed" if r.status == "fail" else "error"
+                p.check = f"{d}: {r.summary()}"
+                return p
+        p.check = "pass"
+        trials, used_graph = timer.time(fn, graph=set_name in GRAPH_SHAPE_SETS)
+        s = summarize(trials)
+        p.ms, p.ms_p95, p.trial_ms, p.spread, p.noisy = s["ms"], s["ms_p95"], s["trial_ms"], s["spread"], s["noisy"]
+        p.graph = used_graph
+        p.tbps = tbps(p.bytes_main, p.ms)
+        p.status = "ok"
+    except Exception as e:  # one failing implementation never stops the run
+        p.status = "error"
+        msg = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        p.reason = f"{type(e).__name__}: {msg}"[:400]
+        if isinstance(e, torch.cuda.OutOfMemoryError):
+            torch.cuda.empty_cache()
+        if os.environ.get("NORMBENCH_DEBUG"):
+            traceback.print_exc()
+    return p
+
+
+def run_bench(
+    impls: list[Implementation],
+    ops,
+    directions,
+    shape_sets: list[tuple[str, tuple[Shape, ...]]],
+    dtypes,
+    out_dir: Path,
+    resume: bool = False,
+    device: str = "cuda",
+    timer=None,
+    copy_bandwidth: dict | None = None,
+    command: str = "",
+    progress: bool = True,
+) -> list[dict]:
+    """Run the benchmark, appending to ``out_dir/results.jsonl``; returns all rows of the file."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    results_path = out_dir / "results.jsonl"
+    meta_path = out_dir / "meta.json"
+    timer = timer or CudaTimer()
+    if not resume and results_path.exists():
+        results_path.unlink()
+    kept = load_results(results_path) if resume else []
+    if resume:  # rewrite without a line an interrupted run may have cut off
+        results_path.write_text("".join(json.dumps(r) + "\n" for r in kept))
+    done = {point_key(r) for r in kept}
+    meta = json.loads(meta_path.read_text()) if (resume and meta_path.exists()) else {}
+    if copy_bandwidth is None:
+        from .roofline import measure_copy_bandwidth
+
+        copy_bandwidth = measure_copy_bandwidth()
+    runs = meta.get("runs", [])
+    runs.append({"command": command, "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "copy_bandwidth": copy_bandwidth})
+    meta.update(environment(device))
+    meta["runs"] = runs
+    meta["copy_bandwidth_tbps"] = copy_bandwidth["tbps"]
+    meta["method"] = {"trials": TRIALS, "noisy_spread": NOISY_SPREAD, "graph_calls": GRAPH_CALLS, "graph_shape_sets": GRAPH_SHAPE_SETS}
+    meta_path.write_text(json.dumps(meta, indent=2))
+
+    todo = [t for t in plan(impls, ops, directions, shape_sets, dtypes) if (t[0].name, t[1], t[2], t[4].label, t[5]) not in done]
+    roof = copy_bandwidth["tbps"]
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    cols = (TextColumn("[bold]bench"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), TextColumn("{task.description}"))
+    with Progress(*cols, disable=not progress, transient=False) as bar, results_path.open("a") as fh:
+        task = bar.add_task("", total=len(todo))
+        last_shape = None
+        for impl, op, direction, set_name, shape, dtype in todo:
+            bar.update(task, description=f"{impl.name} {op} {direction} {shape.label} {dtype}")
+            if shape != last_shape and device == "cuda":
+                torch.cuda.empty_cache()
+                last_shape = shape
+            p = measure_point(impl, op, direction, set_name, shape, dtype, device, timer)
+            if p.tbps is not None and roof:
+                p.frac_roofline = p.tbps / roof
+            fh.write(json.dumps(asdict(p)) + "\n")
+            fh.flush()
+            bar.advance(task)
+    meta["finished"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    meta_path.write_text(json.dumps(meta, indent=2))
+    return load_results(results_path)
+
+
+def default_out_dir(gpu: str) -> Path:
+    return Path("reports") / slug(gpu) / time.strftime("%Y-%m-%d", time.gmtime())
+

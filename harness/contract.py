@@ -1,0 +1,345 @@
+"""The implementation contract, and the declarative record every implementation registers.
+
+An implementation module (``impls/<name>/...``) defines four functions::
+
+    rmsnorm_fwd(x, weight, eps)                  -> (y, rstd)
+    rmsnorm_bwd(dy, x, weight, rstd)             -> (dx, dweight)
+    layernorm_fwd(x, weight, bias, eps)          -> (y, mean, rstd)
+    layernorm_bwd(dy, x, weight, mean, rstd)     -> (dx, dweight, dbias)
+
+What a kernel function may assume (the harness guarantees it, see ``checked_call``):
+
+* ``x`` and ``dy`` are 2-D ``(M, N)`` with ``M >= 1``, ``N >= 1`` and unit stride along N; the row
+  stride is arbitrary (a column slice of a wider tensor arrives as a view, not a copy).
+* ``weight`` / ``bias`` are contiguous 1-D ``(N,)`` tensors of x's dtype on x's device, or ``None``.
+  ``weight=None`` means ``elementwise_affine=False`` (scale 1, no dweight: return ``None``);
+  ``bias=None`` means no bias in the forward. The backward is not told whether a bias exists and
+  always returns dbias = sum over rows of dy (x's dtype); the autograd layer drops it when unused.
+* ``rstd`` / ``mean`` are contiguous fp32 ``(M,)``.
+* ``eps`` is a Python float (a runtime argument: kernels must not specialise on it).
+
+What it must return: y / dx in x's dtype, shape (M, N), contiguous; statistics fp32 (M,); dweight /
+dbias in x's dtype (which is weight's: the harness requires them equal), reduced over all rows
+in fp32.
+
+An implementation that does not want to handle ``weight=None`` itself sets
+``handles_no_affine=False`` and the harness passes a ones vector (and drops dweight) instead.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import os
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+from typing import Any, Callable
+
+import torch
+
+OPS = ("rmsnorm", "layernorm")
+DIRECTIONS = ("fwd", "bwd")
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+DTYPE_NAMES = {v: k for k, v in DTYPES.items()}
+FUNCTIONS = ("rmsnorm_fwd", "rmsnorm_bwd", "layernorm_fwd", "layernorm_bwd")
+
+# How a DSL runs without a GPU: the environment variable that switches its interpreter on. It must
+# be set before the kernels are decorated, so the harness sets it before importing the module.
+INTERPRETERS = {"triton": "TRITON_INTERPRET", "helion": "HELION_INTERPRET"}
+
+
+# ---------------------------------------------------------------- requirements ("available here?")
+@dataclass(frozen=True)
+class Requirement:
+    """One thing an implementation needs; ``missing(device)`` returns a reason or None."""
+
+    kind: str  # "package" | "cuda" | "capability"
+    value: Any = None
+
+    def missing(self, device: str) -> str | None:
+        if self.kind == "package":
+            if importlib.util.find_spec(self.value) is None:
+                return f"python package '{self.value}' is not installed"
+            return None
+        if self.kind == "cuda":
+            if device != "cuda":
+                return "needs a CUDA device (runs on GPU only)"
+            if not torch.cuda.is_available():
+                return "needs a CUDA device and none is available here"
+            return None
+        if self.kind == "capability":
+            if device != "cuda":
+                return None
+            if not torch.cuda.is_available():
+                return "needs a CUDA device and none is available here"
+            cc = torch.cuda.get_device_capability()
+            if cc < tuple(self.value):
+                need = ".".join(map(str, self.value))
+                return f"needs compute capability >= {need} (this GPU is {cc[0]}.{cc[1]})"
+            return None
+        raise ValueError(f"unknown requirement kind {self.kind!r}")
+
+
+def package(name: str) -> Requirement:
+    return Requirement("package", name)
+
+
+def cuda() -> Requirement:
+    return Requirement("cuda")
+
+
+def capability(major: int, minor: int = 0) -> Requirement:
+    return Requirement("capability", (major, minor))
+
+
+# ---------------------------------------------------------------- the record
+@dataclass(frozen=True)
+class Implementation:
+    """One declarative record per implementation. ``impls/<pkg>/__init__.py`` lists these in
+    ``IMPLEMENTATIONS``; the registry finds them, nothing else needs editing."""
+
+    name: str
+    dsl: str  # eager | compile | triton | helion | cute | llm-<dsl> | external
+    entry: str  # "package.module" defining the four functions, or "package.module:factory"
+    description: str = ""
+    ops: tuple[str, ...] = OPS
+    dtypes: tuple[str, ...] = tuple(DTYPES)
+    devices: tuple[str, ...] = ("cuda",)
+    requires: tuple[Requirement, ...] = ()
+    sources: tuple[str, ...] = ()
+    options: dict = field(default_factory=dict, hash=False, compare=False)
+    interpreter: str | None = None  # env var enabling a CPU interpreter (see INTERPRETERS)
+    external: bool = False  # a third-party library, shown as an external baseline only
+    prompt: str | None = None  # LLM-generated kernels: the prompt file they came from
+    handles_no_affine: bool = True
+    # "cheap" or "costly": how expensive a run on the CPU is (torch.compile compiles every shape, an
+    # interpreter runs per program); the test suite checks a costly one on fewer CPU shapes.
+    cpu_cost: str = "cheap"
+    # Optional entry points ("module:function") the CLI calls for DSL-specific work:
+    #   "tune":    tune(op, shapes, dtype, log_dir) -> dict      (`normbench tune`)
+    #   "codegen": codegen(op, direction, n, dtype) -> str       (`normbench codegen`)
+    hooks: dict = field(default_factory=dict, hash=False, compare=False)
+    meta: dict = field(default_factory=dict, hash=False, compare=False)
+
+    def hook(self, name: str):
+        """The callable behind ``hooks[name]``, imported on demand; None when not provided."""
+        target = self.hooks.get(name)
+        if not target:
+            return None
+        mod_name, _, attr = target.partition(":")
+        return getattr(importlib.import_module(mod_name), attr)
+
+    def __post_init__(self):
+        bad = set(self.ops) - set(OPS)
+        if bad:
+            raise ValueError(f"{self.name}: unknown ops {sorted(bad)}")
+        bad = set(self.dtypes) - set(DTYPES)
+        if bad:
+            raise ValueError(f"{self.name}: unknown dtypes {sorted(bad)}")
+
+    # -- availability
+    def unavailable(self, device: str = "cuda") -> str | None:
+        """None if this implementation can run on ``device`` here, else the reason why not."""
+        if device not in self.devices:
+            return f"runs on {', '.join(self.devices)} only, not {device}"
+        for req in self.requires:
+            why = req.missing(device)
+            if why:
+                return why
+        if device == "cpu" and self.interpreter and _loaded_without_interpreter(self):
+            return f"its module was imported before {self.interpreter}=1 was set in this process"
+        return None
+
+    def available(self, device: str = "cuda") -> bool:
+        return self.unavailable(device) is None
+
+    # -- loading
+    def kernels(self, device: str = "cuda") -> SimpleNamespace:
+        """Import the module (lazily: ``normbench list`` must work without the DSL installed)
+        and return the four functions, wrapped so that every call is validated."""
+        why = self.unavailable(device)
+        if why:
+            raise ValueError(f"implementation '{self.name}' cannot run on {device} here: {why}")
+        key = (self, device)
+        if key not in _KERNEL_CACHE:
+            raw = _load_raw(self, device)
+            _KERNEL_CACHE[key] = SimpleNamespace(
+                **{fn: _checked(self, fn, getattr(raw, fn)) for fn in FUNCTIONS if fn.split("_")[0] in self.ops},
+                raw=raw,
+                impl=self,
+            )
+        return _KERNEL_CACHE[key]
+
+
+_KERNEL_CACHE: dict = {}
+_RAW_CACHE: dict = {}
+
+
+def _module_name(impl: Implementation) -> str:
+    return impl.entry.split(":")[0]
+
+
+def _loaded_without_interpreter(impl: Implementation) -> bool:
+    import sys
+
+    return _module_name(impl) in sys.modules and os.environ.get(impl.interpreter, "0") != "1"
+
+
+def _load_raw(impl: Implementation, device: str):
+    if device == "cpu" and impl.interpreter:
+        os.environ[impl.interpreter] = "1"
+    if impl in _RAW_CACHE:
+        return _RAW_CACHE[impl]
+    mod_name, _, factory = impl.entry.partition(":")
+    mod = importlib.import_module(mod_name)
+    raw = getattr(mod, factory)(**impl.options) if factory else mod
+    for fn in FUNCTIONS:
+        if fn.split("_")[0] in impl.ops and not callable(getattr(raw, fn, None)):
+            raise TypeError(f"implementation '{impl.name}' ({impl.entry}) does not define {fn}()")
+    _RAW_CACHE[impl] = raw
+    return raw
+
+
+# ---------------------------------------------------------------- input validation
+def _is_tensor(t, what: str):
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{what} must be a torch.Tensor, got {type(t).__name__}")
+
+
+def _float_dtype(t: torch.Tensor, what: str, impl: Implementation):
+    if not t.dtype.is_floating_point:
+        raise TypeError(f"{what} must be a floating-point tensor, got {t.dtype}")
+    if t.dtype not in DTYPE_NAMES or DTYPE_NAMES[t.dtype] not in impl.dtypes:
+        ok = ", ".join(impl.dtypes)
+        raise TypeError(f"implementation '{impl.name}' supports {ok}; {what} is {t.dtype}")
+
+
+def _device_ok(t: torch.Tensor, impl: Implementation, what: str):
+    dev = t.device.type
+    if dev not in impl.devices:
+        raise ValueError(
+            f"implementation '{impl.name}' runs on {', '.join(impl.devices)} tensors; {what} is on {dev}"
+        )
+
+
+def _same_device(t: torch.Tensor | None, x: torch.Tensor, what: str):
+    if t is not None and t.device != x.device:
+        raise ValueError(f"{what} is on {t.device} but x is on {x.device}")
+
+
+def _vector(t, n: int, x: torch.Tensor, what: str):
+    if t is None:
+        return None
+    _is_tensor(t, what)
+    if t.dim() != 1 or t.shape[0] != n:
+        raise ValueError(f"{what} must have shape ({n},) to match x's last dimension, got {tuple(t.shape)}")
+    _same_device(t, x, what)
+    if t.dtype != x.dtype:
+        raise TypeError(f"{what} must have x's dtype {x.dtype}, got {t.dtype}")
+    return t.contiguous()
+
+
+def _rows(t: torch.Tensor, n: int) -> torch.Tensor:
+    """(..., N) -> (M, N) with unit stride along N, without copying when a view suffices."""
+    t2 = t.reshape(-1, n) if t.dim() != 2 else t
+    if n > 1 and t2.stride(1) != 1:
+        t2 = t2.contiguous()
+    return t2
+
+
+def _stats(t, m: int, x: torch.Tensor, what: str):
+    _is_tensor(t, what)
+    if t.numel() != m:
+        raise ValueError(f"{what} must hold one value per row ({m}), got shape {tuple(t.shape)}")
+    if t.dtype != torch.float32:
+        raise TypeError(f"{what} must be float32, got {t.dtype}")
+    _same_device(t, x, what)
+    return t.reshape(m).contiguous()
+
+
+def _eps(eps):
+    if isinstance(eps, bool) or not isinstance(eps, (int, float)):
+        raise TypeError(f"eps must be a float, got {type(eps).__name__}")
+    if not eps >= 0:
+        raise ValueError(f"eps must be >= 0, got {eps}")
+    return float(eps)
+
+
+def _x(x, impl: Implementation, what: str = "x") -> tuple[int, int]:
+    _is_tensor(x, what)
+    if x.dim() < 1:
+        raise ValueError(f"{what} must have at least one dimension (..., N)")
+    n = x.shape[-1]
+    if n == 0:
+        raise ValueError(f"{what} has N = 0 along its last dimension: nothing to normalize")
+    _float_dtype(x, what, impl)
+    _device_ok(x, impl, what)
+    return x.numel() // n, n
+
+
+def _checked(impl: Implementation, fn_name: str, fn: Callable) -> Callable:
+    """Wrap a raw contract function with validation, (..., N) <-> (M, N) reshaping and M = 0."""
+    op, direction = fn_name.split("_")
+    layer = op == "layernorm"
+
+    def forward(x, weight, bias, eps):
+        m, n = _x(x, impl)
+        eps = _eps(eps)
+        w = _vector(weight, n, x, "weight")
+        b = _vector(bias, n, x, "bias")
+        lead = x.shape[:-1]
+        if m == 0:
+            y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+            st = torch.empty(lead, dtype=torch.float32, device=x.device)
+            return (y, st, st.clone()) if layer else (y, st)
+        if w is None and not impl.handles_no_affine:
+            w = torch.ones(n, dtype=x.dtype, device=x.device)
+        x2 = _rows(x, n)
+        y, *stats = fn(x2, w, b, eps) if layer else fn(x2, w, eps)
+        return (y.reshape(x.shape), *(s.reshape(lead) for s in stats))
+
+    def backward(dy, x, weight, stats):
+        m, n = _x(x, impl)
+        _is_tensor(dy, "dy")
+        if dy.shape != x.shape:
+            raise ValueError(f"dy has shape {tuple(dy.shape)} but x has {tuple(x.shape)}")
+        _same_device(dy, x, "dy")
+        if dy.dtype != x.dtype:
+            raise TypeError(f"dy must have x's dtype {x.dtype}, got {dy.dtype}")
+        w = _vector(weight, n, x, "weight")
+        names = ("mean", "rstd") if layer else ("rstd",)
+        stats = [_stats(s, m, x, name) for s, name in zip(stats, names)]
+        has_w = w is not None
+        if m == 0:
+            dx = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+            zero = torch.zeros(n, dtype=x.dtype, device=x.device)
+            dw = zero if has_w else None
+            return (dx, dw, zero.clone()) if layer else (dx, dw)
+        if not has_w and not impl.handles_no_affine:
+            w = torch.ones(n, dtype=x.dtype, device=x.device)
+        dx, dw, *db = fn(_rows(dy, n), _rows(x, n), w, *stats)
+        return (dx.reshape(x.shape), dw if has_w else None, *db)
+
+    if fn_name == "rmsnorm_fwd":
+
+        def rmsnorm_fwd(x, weight, eps):
+            return forward(x, weight, None, eps)
+
+        return rmsnorm_fwd
+    if fn_name == "layernorm_fwd":
+
+        def layernorm_fwd(x, weight, bias, eps):
+            return forward(x, weight, bias, eps)
+
+        return layernorm_fwd
+    if fn_name == "rmsnorm_bwd":
+
+        def rmsnorm_bwd(dy, x, weight, rstd):
+            return backward(dy, x, weight, (rstd,))
+
+        return rmsnorm_bwd
+
+    def layernorm_bwd(dy, x, weight, mean, rstd):
+        return backward(dy, x, weight, (mean, rstd))
+
+    return layernorm_bwd

@@ -1,0 +1,102 @@
+"""Ranking math over benchmark rows (``results.jsonl``): pure functions, no GPU.
+
+* score of an implementation for one op x direction = geometric mean of its fraction of the copy
+  roofline over the sweep points it passed; coverage = points passed / points attempted (a point
+  that failed its check or raised counts as attempted, never as passed; unavailable ones as neither);
+* speedup vs eager = geometric mean of eager's time / its time over the points both passed;
+* per-shape winner: the fastest passed point at each shape;
+* per DSL: the best-scoring implementation of each DSL side by side.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+BASELINE = "eager"
+
+
+@dataclass
+class Ranked:
+    impl: str
+    dsl: str
+    external: bool
+    score: float | None  # geomean fraction of roofline
+    tbps: float | None  # geomean TB/s
+    passed: int
+    attempted: int
+    speedup: float | None
+    noisy: int
+
+    @property
+    def coverage(self) -> str:
+        return f"{self.passed}/{self.attempted}"
+
+
+def geomean(xs) -> float | None:
+    xs = [x for x in xs if x is not None and x > 0]
+    if not xs:
+        return None
+    return math.exp(sum(math.log(x) for x in xs) / len(xs))
+
+
+def _rows(rows, op, direction, shape_set, dtype):
+    return [r for r in rows if r["op"] == op and r["direction"] == direction and r["shape_set"] == shape_set and r["dtype"] == dtype]
+
+
+def leaderboard(rows: list[dict], op: str, direction: str, shape_set: str = "sweep", dtype: str = "bf16") -> list[Ranked]:
+    sel = _rows(rows, op, direction, shape_set, dtype)
+    base = {r["shape"]: r["ms"] for r in sel if r["impl"] == BASELINE and r["status"] == "ok"}
+    out = []
+    for name in sorted({r["impl"] for r in sel}):
+        mine = [r for r in sel if r["impl"] == name]
+        attempted = [r for r in mine if r["status"] != "skip"]
+        ok = [r for r in attempted if r["status"] == "ok"]
+        if not attempted:
+            continue
+        speed = geomean(base[r["shape"]] / r["ms"] for r in ok if r["shape"] in base and r["ms"])
+        out.append(
+            Ranked(
+                name,
+                mine[0]["dsl"],
+                bool(mine[0].get("external")),
+                geomean(r.get("frac_roofline") for r in ok),
+                geomean(r.get("tbps") for r in ok),
+                len(ok),
+                len(attempted),
+                speed,
+                sum(1 for r in ok if r.get("noisy")),
+            )
+        )
+    out.sort(key=lambda r: (r.score is None, -(r.score or 0), r.impl))
+    return out
+
+
+def winners(rows: list[dict], op: str, direction: str, shape_set: str = "sweep", dtype: str = "bf16") -> list[dict]:
+    """Per shape (in N order): the fastest passed point and the runner-up."""
+    sel = [r for r in _rows(rows, op, direction, shape_set, dtype) if r["status"] == "ok"]
+    shapes = sorted({(r["N"], r["M"], r["shape"]) for r in sel})
+    out = []
+    for n, m, label in shapes:
+        pts = sorted((r for r in sel if r["shape"] == label), key=lambda r: r["ms"])
+        out.append({"shape": label, "N": n, "M": m, "best": pts[0], "runner_up": pts[1] if len(pts) > 1 else None})
+    return out
+
+
+def by_dsl(rows: list[dict], op: str, direction: str, shape_set: str = "sweep", dtype: str = "bf16") -> dict[str, Ranked]:
+    best: dict[str, Ranked] = {}
+    for r in leaderboard(rows, op, direction, shape_set, dtype):
+        if r.score is None:
+            continue
+        cur = best.get(r.dsl)
+        if cur is None or r.score > cur.score:
+            best[r.dsl] = r
+    return best
+
+
+def sections(rows: list[dict]) -> list[tuple[str, str, str, str]]:
+    """The (op, direction, shape_set, dtype) combinations present in ``rows``, in a stable order."""
+    order_dir = {"fwd": 0, "bwd": 1, "fwdbwd": 2}
+    order_set = {"sweep": 0, "decode": 1}
+    combos = {(r["op"], r["direction"], r["shape_set"], r["dtype"]) for r in rows}
+    return sorted(combos, key=lambda c: (order_set.get(c[2], 9), c[2], c[0], order_dir.get(c[1], 9), c[3]))

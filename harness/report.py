@@ -1,0 +1,204 @@
+"""Reports: Markdown, CSV and PNG plots from a benchmark folder (results.jsonl + meta.json), and the
+README's leaderboard section, regenerated from the newest report (never edited by hand)."""
+
+from __future__ import annotations
+
+import csv
+import json
+import re
+from pathlib import Path
+
+from . import rank
+from .bench import load_results
+
+CSV_FIELDS = (
+    "impl", "dsl", "external", "op", "direction", "shape_set", "shape", "M", "N", "dtype", "status", "check",
+    "reason", "compile_s", "ms", "ms_p95", "spread", "noisy", "graph", "bytes_main", "bytes_extra", "tbps", "frac_roofline",
+)  # fmt: skip
+README_START, README_END = "<!-- leaderboard:start -->", "<!-- leaderboard:end -->"
+
+
+def load(report_dir: Path) -> tuple[dict, list[dict]]:
+    report_dir = Path(report_dir)
+    res = report_dir / "results.jsonl"
+    if not res.exists():
+        raise ValueError(f"no results.jsonl in {report_dir}")
+    meta_path = report_dir / "meta.json"
+    meta = json.loads(meta_path.read_text()) if meta_path.exists() else {}
+    return meta, load_results(res)
+
+
+def newest_report(root: Path = Path("reports")) -> Path:
+    found = sorted(root.glob("*/*/results.jsonl"), key=lambda p: (p.parent.name, p.stat().st_mtime))
+    if not found:
+        raise ValueError(f"no benchmark results under {root}/ (run `normbench bench` first)")
+    return found[-1].parent
+
+
+def _name(r: rank.Ranked) -> str:
+    return f"{r.impl} (external)" if r.external else r.impl
+
+
+def _f(x, fmt="{:.2f}"):
+    return "–" if x is None else fmt.format(x)
+
+
+def markdown(meta: dict, rows: list[dict], rel_plots: str | None = "") -> str:
+    roof = meta.get("copy_bandwidth_tbps")
+    v = meta.get("versions", {})
+    lines = [
+        f"# normbench results — {meta.get('gpu', '?')}",
+        "",
+        f"Copy bandwidth measured in this run: **{_f(roof)} TB/s** (device-to-device copy, bytes read + written); "
+        "every fraction below is of that number. Bytes model: fwd = x + y, bwd = x + dy + dx.",
+        "",
+        f"GPU {meta.get('gpu')} (driver {meta.get('driver')}, CUDA {meta.get('cuda')}), torch {meta.get('torch')}, "
+        + ", ".join(f"{k} {val}" for k, val in v.items() if val)
+        + f"; commit `{meta.get('git_commit')}`.",
+        "",
+        "Commands: " + "; ".join(f"`{r['command']}`" for r in meta.get("runs", []) if r.get("command")),
+        "",
+    ]
+    for op, direction, shape_set, dtype in rank.sections(rows):
+        board = rank.leaderboard(rows, op, direction, shape_set, dtype)
+        if not board:
+            continue
+        lines += [f"## {op} {direction} — {shape_set}, {dtype}", ""]
+        lines += ["| rank | implementation | DSL | geomean frac. of copy BW | geomean TB/s | coverage | speedup vs eager | noisy |", "|---:|---|---|---:|---:|---:|---:|---:|"]
+        for i, r in enumerate(board, 1):
+            pct = _f(r.score * 100 if r.score else None, "{:.1f}%")
+            lines.append(f"| {i} | {_name(r)} | {r.dsl} | {pct} | {_f(r.tbps)} | {r.coverage} | {_f(r.speedup, '{:.2f}x')} | {r.noisy} |")
+        lines.append("")
+        lines += _shape_table(rows, op, direction, shape_set, dtype)
+        if rel_plots is not None and shape_set == "sweep":
+            lines += [f"![{op} {direction}]({rel_plots}plot-{op}-{direction}-{dtype}.png)", ""]
+        failed = [r for r in rows if (r["op"], r["direction"], r["shape_set"], r["dtype"]) == (op, direction, shape_set, dtype) and r["status"] in ("failed", "error")]
+        if failed:
+            lines += ["Failed or crashed points (never ranked):", ""]
+            lines += [f"- {r['impl']} {r['shape']}: {r['status']} — {(r.get('check') or r.get('reason') or '')[:200]}" for r in failed]
+            lines.append("")
+    lines += _dsl_section(rows)
+    return "\n".join(lines) + "\n"
+
+
+def _shape_table(rows, op, direction, shape_set, dtype) -> list[str]:
+    sel = [r for r in rows if (r["op"], r["direction"], r["shape_set"], r["dtype"]) == (op, direction, shape_set, dtype)]
+    impls = [r.impl for r in rank.leaderboard(rows, op, direction, shape_set, dtype)]
+    shapes = sorted({(r["N"], r["M"], r["shape"]) for r in sel})
+    head = "| shape (MxN) | " + " | ".join(impls) + " | winner |"
+    out = ["TB/s per shape (bold: fastest; ✗ failed check; ! error; – not run):", "", head, "|---|" + "---:|" * (len(impls) + 1)]
+    win = {w["shape"]: w["best"]["impl"] for w in rank.winners(rows, op, direction, shape_set, dtype)}
+    for _, _, label in shapes:
+        cells = []
+        for name in impls:
+            pt = next((r for r in sel if r["impl"] == name and r["shape"] == label), None)
+            if pt is None or pt["status"] == "skip":
+                cells.append("–")
+            elif pt["status"] == "failed":
+                cells.append("✗")
+            elif pt["status"] == "error":
+                cells.append("!")
+            else:
+                txt = f"{pt['tbps']:.2f}" + ("~" if pt.get("noisy") else "")
+                cells.append(f"**{txt}**" if win.get(label) == name else txt)
+        out.append(f"| {label} | " + " | ".join(cells) + f" | {win.get(label, '–')} |")
+    out += ["", "(~ marks a noisy point: its 3 trials disagree by more than 5%.)", ""]
+    return out
+
+
+def _dsl_section(rows) -> list[str]:
+    combos = [(o, d) for o, d, s, t in rank.sections(rows) if s == "sweep" and t == "bf16"]
+    if not combos:
+        return []
+    dsls = sorted({r.dsl for o, d in combos for r in rank.by_dsl(rows, o, d).values()})
+    out = ["## Best of each DSL (sweep, bf16): geomean fraction of copy bandwidth", "", "| op / direction | " + " | ".join(dsls) + " |", "|---|" + "---:|" * len(dsls)]
+    for o, d in combos:
+        best = rank.by_dsl(rows, o, d)
+        cells = [f"{best[x].score * 100:.1f}% ({best[x].impl})" if x in best else "–" for x in dsls]
+        out.append(f"| {o} {d} | " + " | ".join(cells) + " |")
+    return out + [""]
+
+
+def write_csv(rows: list[dict], path: Path):
+    with path.open("w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=CSV_FIELDS, extrasaction="ignore")
+        w.writeheader()
+        for r in rows:
+            w.writerow(r)
+
+
+def plots(meta: dict, rows: list[dict], out_dir: Path) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    roof = meta.get("copy_bandwidth_tbps")
+    written = []
+    for op, direction, shape_set, dtype in rank.sections(rows):
+        if shape_set != "sweep":
+            continue
+        sel = [r for r in rows if (r["op"], r["direction"], r["shape_set"], r["dtype"]) == (op, direction, shape_set, dtype) and r["status"] == "ok"]
+        if not sel:
+            continue
+        fig, ax = plt.subplots(figsize=(9, 5.5))
+        for name in sorted({r["impl"] for r in sel}):
+            pts = sorted((r["N"], r["tbps"]) for r in sel if r["impl"] == name)
+            ext = sel[[r["impl"] for r in sel].index(name)].get("external")
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", ls="--" if ext else "-", label=f"{name}{' (external)' if ext else ''}")
+        if roof:
+            ax.axhline(roof, color="k", lw=1.5, label=f"copy bandwidth {roof:.2f} TB/s")
+            ax.axhline(0.9 * roof, color="k", lw=0.8, ls=":", label="90% of copy")
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("N (hidden size); M x N = 2^27")
+        ax.set_ylabel("TB/s (main bytes / time)")
+        ax.set_title(f"{op} {direction}, {dtype} — {meta.get('gpu', '')}")
+        ax.set_ylim(bottom=0)
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=8, loc="lower left")
+        fig.tight_layout()
+        path = out_dir / f"plot-{op}-{direction}-{dtype}.png"
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        written.append(path)
+    return written
+
+
+def write_report(report_dir: Path) -> dict:
+    report_dir = Path(report_dir)
+    meta, rows = load(report_dir)
+    write_csv(rows, report_dir / "results.csv")
+    pngs = plots(meta, rows, report_dir)
+    (report_dir / "report.md").write_text(markdown(meta, rows))
+    return {"report": report_dir / "report.md", "csv": report_dir / "results.csv", "plots": pngs}
+
+
+def update_readme(report_dir: Path, readme: Path = Path("README.md")) -> None:
+    report_dir = Path(report_dir)
+    meta, rows = load(report_dir)
+    rel = report_dir.as_posix().rstrip("/") + "/"
+    body = [f"Generated by `normbench report --update-readme` from [`{rel}`]({rel}report.md). Do not edit by hand.", ""]
+    md = markdown(meta, rows, rel_plots=rel)
+    # the README gets the headline tables and plots; per-shape tables stay in the report
+    keep = []
+    skip = False
+    for line in md.splitlines()[1:]:
+        if line.startswith("TB/s per shape"):
+            skip = True
+        if skip and line.startswith("!["):
+            skip = False
+        if skip and line.startswith("## "):
+            skip = False
+        if not skip:
+            keep.append(line.replace("## ", "### ", 1) if line.startswith("## ") else line)
+    body += keep
+    text = readme.read_text()
+    if README_START not in text or README_END not in text:
+        raise ValueError(f"{readme} has no {README_START} ... {README_END} section")
+    new = re.sub(
+        re.escape(README_START) + r".*?" + re.escape(README_END),
+        lambda _m: README_START + "\n" + "\n".join(body).strip() + "\n" + README_END,
+        text,
+        flags=re.S,
+    )
+    readme.write_text(new)

@@ -1,0 +1,82 @@
+"""Shape sets: data shared by `normbench check`, the tests and the benchmark (never re-typed).
+
+A shape is the full shape of x; ``layout`` says how x is laid out in memory:
+"contiguous", or "column-slice" (x = wider[:, :N], a view with row stride > N).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+SWEEP_ELEMENTS = 2**27  # M * N for every sweep point: big enough to dwarf the L2 of an H100/H200
+SWEEP_N = (1024, 2048, 2880, 4096, 5120, 7168, 8192, 16384, 32768, 65536, 262144)
+COLUMN_SLICE_PAD = 24  # extra columns of the wider tensor a column-slice shape is cut from
+
+
+@dataclass(frozen=True)
+class Shape:
+    dims: tuple[int, ...]  # x's shape, N last
+    layout: str = "contiguous"
+
+    @property
+    def n(self) -> int:
+        return self.dims[-1]
+
+    @property
+    def m(self) -> int:
+        m = 1
+        for d in self.dims[:-1]:
+            m *= d
+        return m
+
+    @property
+    def label(self) -> str:
+        s = "x".join(map(str, self.dims))
+        return s if self.layout == "contiguous" else f"{s}:{self.layout}"
+
+    def to_json(self) -> dict:
+        return {"dims": list(self.dims), "layout": self.layout, "M": self.m, "N": self.n, "label": self.label}
+
+    @staticmethod
+    def from_json(d: dict) -> "Shape":
+        return Shape(tuple(d["dims"]), d.get("layout", "contiguous"))
+
+
+SHAPE_SETS: dict[str, tuple[Shape, ...]] = {
+    # CPU- and interpreter-friendly.
+    "smoke": tuple(Shape((m, n)) for m in (1, 3, 128) for n in (1, 7, 64, 1000, 4096)),
+    "edge": (
+        Shape((96, 1000), "column-slice"),  # non-contiguous rows: a column slice of a wider tensor
+        Shape((4, 33, 256)),  # 3-D (B, S, N)
+        Shape((2, 5, 1003), "column-slice"),  # 3-D and strided
+        Shape((0, 512)),  # M = 0
+        Shape((2, 0, 64)),  # M = 0 in 3-D
+        Shape((37, 1001)),  # N not a multiple of 8
+        Shape((64, 2880)),  # N = 2880 (gpt-oss hidden size), not a power of two
+    ),
+    # The GPU ranking: equal bytes at every N, so each point moves the same data.
+    "sweep": tuple(Shape((SWEEP_ELEMENTS // n, n)) for n in SWEEP_N),
+    # Latency-bound decode steps.
+    "decode": tuple(Shape((m, n)) for m in (1, 16, 128) for n in (4096, 8192)),
+}
+
+
+def shape_set(name: str) -> tuple[Shape, ...]:
+    if name not in SHAPE_SETS:
+        raise ValueError(f"unknown shape set '{name}'; known: {', '.join(SHAPE_SETS)}")
+    return SHAPE_SETS[name]
+
+
+def parse_shape(text: str) -> Shape:
+    """'MxN', 'BxSxN' or 'MxN:column-slice' -> Shape (for --shape on the command line)."""
+    dims_s, _, layout = text.partition(":")
+    try:
+        dims = tuple(int(d) for d in dims_s.lower().split("x"))
+    except ValueError:
+        raise ValueError(f"bad shape '{text}': expected e.g. 4096x8192 or 4096x8192:column-slice") from None
+    if not dims or any(d < 0 for d in dims):
+        raise ValueError(f"bad shape '{text}': dimensions must be non-negative integers")
+    layout = layout or "contiguous"
+    if layout not in ("contiguous", "column-slice"):
+        raise ValueError(f"bad layout '{layout}': expected contiguous or column-slice")
+    return Shape(dims, layout)

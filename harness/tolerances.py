@@ -1,0 +1,58 @@
+"""Pass/fail criterion, as data.
+
+An element passes when   |out - ref| <= max(ulps * ulp(ref), rtol * |ref|) + floor * rms(ref row) + tiny
+where ulp() is the spacing of the output dtype at the reference value and rms(ref row) is the RMS of
+the reference over the element's row (over the whole vector for dweight, dbias and statistics).
+For results that can cancel, the floor is relative to the size of their terms instead: the row RMS
+of rstd * dy * w for dx, and the RMS of the column L2 norms of dy * x * rstd (dweight) and dy (dbias).
+
+Why these numbers: a kernel that accumulates in fp32 and rounds once is within 0.5 ulp of the fp64
+reference, plus a double rounding where it rounds x*rstd before multiplying by w (PyTorch eager does):
+2 ulps covers both. The floor covers cancellation in dx = rstd * (g - xhat*c), where a result far
+below its terms (N = 1 gives dx ~ eps) carries fp32 error of the terms' size. fp32 outputs (and the fp32 statistics)
+are bounded by accumulation error over up to 2^18 elements, not by rounding: hence an rtol. A kernel
+that accumulates dweight in bf16 is off by ~10% of the vector's RMS at M = 8192: rejected by far.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class Tol:
+    ulps: float
+    rtol: float
+    floor: float
+
+
+# keyed by the dtype of the tensor being checked (statistics are always fp32)
+TOLERANCES: dict[torch.dtype, Tol] = {
+    torch.bfloat16: Tol(ulps=2, rtol=0.0, floor=2**-9),
+    torch.float16: Tol(ulps=2, rtol=0.0, floor=2**-12),
+    torch.float32: Tol(ulps=0, rtol=1e-4, floor=2**-16),
+}
+
+
+def ulp(ref: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Spacing of ``dtype`` at each (fp64) reference value; subnormal spacing below the normals."""
+    fi = torch.finfo(dtype)
+    a = ref.abs().clamp_min(fi.tiny)
+    return torch.exp2(torch.floor(torch.log2(a))) * fi.eps
+
+
+def row_rms(ref: torch.Tensor) -> torch.Tensor:
+    if ref.dim() <= 1:
+        return ref.square().mean().sqrt().expand_as(ref) if ref.numel() else ref
+    return ref.square().mean(-1, keepdim=True).sqrt().expand_as(ref)
+
+
+def allowed_error(ref: torch.Tensor, dtype: torch.dtype, scale: torch.Tensor | None = None) -> torch.Tensor:
+    """``scale``: the magnitude of the terms the result is computed from, where that exceeds the
+    result (dx's terms are rstd * dy * w); the floor is taken relative to its row RMS."""
+    t = TOLERANCES[dtype]
+    fi = torch.finfo(dtype)
+    rel = torch.maximum(t.ulps * ulp(ref, dtype), t.rtol * ref.abs())
+    return rel + t.floor * row_rms(ref if scale is None else scale) + fi.tiny

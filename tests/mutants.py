@@ -1,0 +1,95 @@
+"""Deliberately broken implementations (never registered in impls/): the checker must reject each.
+They are the eager formulas in fp32 with one defect each."""
+
+from types import SimpleNamespace
+
+import torch
+
+from impls.eager import kernels as eager
+
+
+def _rms_bwd_bf16_accumulation(dy, x, weight, rstd):
+    dx, _ = eager.rmsnorm_bwd(dy, x, weight, rstd)
+    # dweight summed row by row in bf16: the accumulator loses low bits once it grows
+    xhat = (x.float() * rstd.view(-1, 1)).to(torch.bfloat16)
+    acc = torch.zeros(x.shape[-1], dtype=torch.bfloat16, device=x.device)
+    for i in range(x.shape[0]):
+        acc = acc + dy[i].to(torch.bfloat16) * xhat[i]
+    return dx, acc.to(weight.dtype)
+
+
+def bf16_accumulation():
+    return SimpleNamespace(rmsnorm_fwd=eager.rmsnorm_fwd, rmsnorm_bwd=_rms_bwd_bf16_accumulation)
+
+
+def _rms_fwd_nan(x, weight, eps):
+    y, rstd = eager.rmsnorm_fwd(x, weight, eps)
+    y = y.clone()
+    y.view(-1)[y.numel() // 2] = float("nan")
+    return y, rstd
+
+
+def nan_output():
+    return SimpleNamespace(rmsnorm_fwd=_rms_fwd_nan, rmsnorm_bwd=eager.rmsnorm_bwd)
+
+
+def _rms_fwd_unwritten(x, weight, eps):
+    y_ref, rstd = eager.rmsnorm_fwd(x, weight, eps)
+    y = torch.empty_like(y_ref)  # poisoned by the checker
+    y[:, :-1] = y_ref[:, :-1]  # forgets the last column
+    return y, rstd
+
+
+def unwritten_column():
+    return SimpleNamespace(rmsnorm_fwd=_rms_fwd_unwritten, rmsnorm_bwd=eager.rmsnorm_bwd)
+
+
+def _rms_fwd_wrong_eps(x, weight, eps):
+    return eager.rmsnorm_fwd(x, weight, eps * 10)
+
+
+def _ln_fwd_no_eps(x, weight, bias, eps):
+    return eager.layernorm_fwd(x, weight, bias, 0.0)
+
+
+def wrong_eps():
+    return SimpleNamespace(
+        rmsnorm_fwd=_rms_fwd_wrong_eps, rmsnorm_bwd=eager.rmsnorm_bwd, layernorm_fwd=_ln_fwd_no_eps, layernorm_bwd=eager.layernorm_bwd
+    )
+
+
+def _ln_fwd_bf16_stats(x, weight, bias, eps):
+    y, mean, rstd = eager.layernorm_fwd(x, weight, bias, eps)
+    return y, mean.to(torch.bfloat16).float(), rstd.to(torch.bfloat16).float()
+
+
+def bf16_statistics():
+    return SimpleNamespace(layernorm_fwd=_ln_fwd_bf16_stats, layernorm_bwd=eager.layernorm_bwd)
+
+
+def _rms_fwd_stats_bf16_dtype(x, weight, eps):
+    y, rstd = eager.rmsnorm_fwd(x, weight, eps)
+    return y, rstd.to(torch.bfloat16)
+
+
+def wrong_stats_dtype():
+    return SimpleNamespace(rmsnorm_fwd=_rms_fwd_stats_bf16_dtype, rmsnorm_bwd=eager.rmsnorm_bwd)
+
+
+def _rms_bwd_no_rstd_term(dy, x, weight, rstd):
+    # forgets the gradient through rstd: dx = rstd * dy * w
+    dx = (rstd.view(-1, 1) * dy.float() * weight.float()).to(x.dtype)
+    _, dw = eager.rmsnorm_bwd(dy, x, weight, rstd)
+    return dx, dw
+
+
+def missing_rstd_gradient():
+    return SimpleNamespace(rmsnorm_fwd=eager.rmsnorm_fwd, rmsnorm_bwd=_rms_bwd_no_rstd_term)
+
+
+def _raises(*a, **k):
+    raise RuntimeError("kernel launch failed (simulated)")
+
+
+def crashing():
+    return SimpleNamespace(rmsnorm_fwd=_raises, rmsnorm_bwd=_raises, layernorm_fwd=_raises, layernorm_bwd=_raises)

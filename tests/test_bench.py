@@ -1,0 +1,137 @@
+"""Benchmark bookkeeping on the CPU, with timings injected instead of measured."""
+
+import json
+import math
+
+import pytest
+
+from harness import rank, report
+from harness.bench import NOISY_SPREAD, load_results, run_bench, summarize
+from harness.contract import Implementation
+from harness.registry import get
+from harness.roofline import bytes_moved, tbps
+from harness.shapes import Shape
+
+
+class FakeTimer:
+    """Runs the callable once (so a broken kernel still shows) and reports a fixed time per impl."""
+
+    def __init__(self, ms_by_impl, spread=0.0):
+        self.ms_by_impl, self.spread, self.current = ms_by_impl, spread, None
+
+    def time(self, fn, graph=False):
+        fn()
+        ms = self.ms_by_impl[self.current]
+        return [[ms] * 5, [ms * (1 + self.spread)] * 5, [ms] * 5], graph
+
+    def sync(self):
+        pass
+
+
+def test_bytes_model():
+    b = bytes_moved("rmsnorm", "fwd", 1024, 4096, 2)
+    assert b.main == 2 * 1024 * 4096 * 2 and b.extra == 4096 * 2 + 1024 * 4
+    assert bytes_moved("rmsnorm", "bwd", 8, 16, 2).main == 3 * 8 * 16 * 2
+    assert bytes_moved("layernorm", "fwdbwd", 8, 16, 4).main == 5 * 8 * 16 * 4
+    assert bytes_moved("layernorm", "fwd", 8, 16, 2).extra == 2 * 16 * 2 + 2 * 8 * 4
+    assert tbps(4e12, 1000.0) == pytest.approx(4.0)
+    with pytest.raises(ValueError):
+        bytes_moved("rmsnorm", "sideways", 1, 1, 2)
+
+
+def test_summary_and_noise_flag():
+    s = summarize([[1.0, 1.0, 1.2], [1.0, 1.01], [1.02, 1.0]])
+    assert s["ms"] == 1.0 and s["ms_p95"] == pytest.approx(1.2) and not s["noisy"]
+    s = summarize([[1.0], [1.0 + 2 * NOISY_SPREAD]])
+    assert s["noisy"] and s["spread"] == pytest.approx(2 * NOISY_SPREAD)
+
+
+def _row(impl, n, ms, status="ok", frac=None, dsl="x", shape_set="sweep"):
+    return {"impl": impl, "dsl": dsl, "external": impl == "ext", "op": "rmsnorm", "direction": "fwd", "shape_set": shape_set,
+            "shape": f"{2**20 // n}x{n}", "M": 2**20 // n, "N": n, "dtype": "bf16", "status": status, "ms": ms,
+            "tbps": (1.0 / ms) if ms else None, "frac_roofline": frac, "noisy": False}  # fmt: skip
+
+
+def test_ranking_math_geomean_coverage_failures_excluded():
+    rows = [
+        _row("eager", 1024, 2.0, frac=0.25, dsl="eager"),
+        _row("eager", 4096, 2.0, frac=0.25, dsl="eager"),
+        _row("fast", 1024, 1.0, frac=0.5),
+        _row("fast", 4096, 0.5, frac=1.0),
+        _row("flaky", 1024, 0.1, frac=5.0, dsl="y"),
+        _row("flaky", 4096, None, status="failed", dsl="y"),
+        _row("absent", 1024, None, status="skip", dsl="z"),
+    ]
+    rows[4]["frac_roofline"] = 0.9
+    board = rank.leaderboard(rows, "rmsnorm", "fwd")
+    by = {r.impl: r for r in board}
+    assert by["fast"].score == pytest.approx(math.sqrt(0.5 * 1.0))
+    assert by["fast"].speedup == pytest.approx(math.sqrt(2.0 * 4.0))
+    assert by["flaky"].coverage == "1/2" and by["flaky"].score == pytest.approx(0.9)
+    assert "absent" not in by  # never attempted here: not in the ranking at all
+    assert [r.impl for r in board][0] == "flaky"
+    win = rank.winners(rows, "rmsnorm", "fwd")
+    assert [w["best"]["impl"] for w in win] == ["flaky", "fast"]  # the failed point is never a winner
+    best = rank.by_dsl(rows, "rmsnorm", "fwd")
+    assert best["x"].impl == "fast" and best["eager"].impl == "eager"
+
+
+def _crasher():
+    return Implementation(name="crasher", dsl="eager", entry="tests.mutants:crashing", devices=("cpu",))
+
+
+def _broken():
+    return Implementation(name="broken", dsl="eager", entry="tests.mutants:missing_rstd_gradient", ops=("rmsnorm",), devices=("cpu",))
+
+
+def test_bench_isolates_failures_writes_as_it_goes_and_resumes(tmp_path, monkeypatch):
+    impls = [get("eager"), _crasher(), _broken()]
+    timer = FakeTimer({"eager": 2.0, "crasher": 1.0, "broken": 1.0})
+    import harness.bench as bench
+
+    real = bench.measure_point
+
+    def tracking(impl, *a, **k):
+        timer.current = impl.name
+        return real(impl, *a, **k)
+
+    monkeypatch.setattr(bench, "measure_point", tracking)
+    shapes = [("sweep", (Shape((64, 256)), Shape((16, 1024))))]
+    common = dict(device="cpu", timer=timer, copy_bandwidth={"tbps": 0.001}, progress=False)
+    rows = run_bench(impls, ["rmsnorm"], ["fwd", "bwd"], shapes, ["bf16"], tmp_path, **common)
+    assert len(rows) == 3 * 2 * 2
+    st = {(r["impl"], r["direction"]): r["status"] for r in rows}
+    assert st[("crasher", "fwd")] == "error" and st[("broken", "bwd")] == "failed" and st[("broken", "fwd")] == "ok"
+    assert all(r["ms"] is None for r in rows if r["status"] != "ok")
+    ok = [r for r in rows if r["impl"] == "eager"]
+    assert all(r["status"] == "ok" and r["ms"] == 2.0 and r["frac_roofline"] > 0 for r in ok)
+    assert all(r["compile_s"] is not None for r in ok)
+
+    # an interrupted run: drop the last lines, resume measures only those
+    lines = (tmp_path / "results.jsonl").read_text().splitlines()
+    (tmp_path / "results.jsonl").write_text("\n".join(lines[:5]) + "\n" + lines[5][:20])
+    rows2 = run_bench(impls, ["rmsnorm"], ["fwd", "bwd"], shapes, ["bf16"], tmp_path, resume=True, **common)
+    assert len(rows2) == 12 and len({(r["impl"], r["direction"], r["shape"]) for r in rows2}) == 12
+    meta = json.loads((tmp_path / "meta.json").read_text())
+    assert len(meta["runs"]) == 2 and meta["copy_bandwidth_tbps"] == 0.001
+
+    written = report.write_report(tmp_path)
+    md = written["report"].read_text()
+    assert "rmsnorm fwd" in md and "crasher" in md and "never ranked" in md
+    assert (tmp_path / "results.csv").read_text().count("\n") == 13
+    assert written["plots"] and all(p.stat().st_size > 1000 for p in written["plots"])
+    assert load_results(tmp_path / "results.jsonl") == rows2
+
+
+def test_readme_leaderboard_is_regenerated(tmp_path):
+    rows = [_row("eager", 1024, 2.0, frac=0.25, dsl="eager"), _row("ext", 1024, 1.0, frac=0.5, dsl="external")]
+    d = tmp_path / "reports" / "gpu" / "2026-01-01"
+    d.mkdir(parents=True)
+    (d / "results.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
+    (d / "meta.json").write_text(json.dumps({"gpu": "Fake GPU", "copy_bandwidth_tbps": 4.0}))
+    readme = tmp_path / "README.md"
+    readme.write_text("intro\n<!-- leaderboard:start -->\nold\n<!-- leaderboard:end -->\nrest\n")
+    report.update_readme(d, readme)
+    text = readme.read_text()
+    assert "old" not in text and "ext (external)" in text and text.startswith("intro") and text.endswith("rest\n")
+    assert report.newest_report(tmp_path / "reports") == d
