@@ -13,7 +13,10 @@ import torch
 
 
 def quack():
-    from quack import rmsnorm as q
+    import importlib
+
+    # ``quack.rmsnorm`` is also a function re-exported by the package: import the module by name
+    q = importlib.import_module("quack.rmsnorm")
 
     def rmsnorm_fwd(x, weight, eps):
         y, _, rstd = q.rmsnorm_fwd(x, weight, eps=eps, store_rstd=True)

@@ -1,0 +1,15 @@
+"""CuTe DSL kernels (nvidia-cutlass-dsl), written here; Quack is the external anchor, not a dependency."""
+
+from harness.contract import Implementation, capability, cuda, package
+
+IMPLEMENTATIONS = [
+    Implementation(
+        name="cute",
+        dsl="cute",
+        entry="impls.cute.kernels",
+        description="CuTe DSL: 128-bit vector copies, warp/smem/cluster (DSMEM) row reductions, persistent backward",
+        devices=("cuda",),
+        requires=(cuda(), capability(9, 0), package("cutlass"), package("tvm_ffi")),
+        sources=("impls/cute/kernels.py",),
+    )
+]

@@ -1,0 +1,661 @@
+"""RMSNorm and LayerNorm, forward and backward, in CuTe DSL (Hopper, sm_90).
+
+Math, per row x of length N (fp32 throughout, y / dx rounded once to x's dtype):
+
+    RMSNorm    rstd = 1 / sqrt(mean(x^2) + eps)             xhat = x * rstd
+    LayerNorm  mean = sum(x) / N                             xhat = (x - mean) * rstd
+               rstd = 1 / sqrt(sum((x - mean)^2) / N + eps)  (two passes over registers, no
+                                                              E[x^2] - mean^2 cancellation)
+    forward    y = xhat * w (+ b)
+
+    backward   g = dy * w,   c1 = sum(xhat * g) / N,   c2 = sum(g) / N  (LayerNorm only)
+               dx = rstd * (g - xhat * c1 - c2)
+               dw = sum over rows of dy * xhat,   db = sum over rows of dy
+
+Work split. A row is cut into ``cluster_n`` column chunks, one per CTA of a thread-block cluster;
+inside a CTA, ``threads_per_row`` threads share a row and each holds ``vecs_per_thread`` vectors of
+``vec`` elements, strided by ``vec * threads_per_row`` so that a warp's accesses are contiguous.
+``vec`` is 128 bits (8 bf16/fp16, 4 fp32) when N, the row strides and the pointers allow it,
+narrower otherwise. Rows up to 32 KB stay in one CTA (several rows per CTA when they are short);
+wider rows go to a cluster (up to 16 CTAs, 32 KB per CTA), so every row is read from DRAM exactly
+once at every N up to 262144 and held in registers (forward) or shared memory + registers
+(backward) until its reductions are done.
+
+Row reductions: warp shuffles over the lanes of a row, then one value per warp through shared
+memory; in a cluster, every warp pushes its partial into every peer CTA's shared memory with
+``st.async`` (distributed shared memory) and each CTA waits on its own mbarrier for the bytes of
+all peers. No cluster-wide barrier sits on the critical path.
+
+Backward: persistent. As many CTAs (or clusters) as the driver's occupancy calculator says fit at
+once (``max_resident``: clusters must fit inside a GPC, so this is not SMs / cluster_n) loop over
+row tiles, with a cp.async ring of up to 4 shared-memory stages so the next rows' x and dy are in
+flight while the current row reduces. Each row is reduced from shared memory, then re-read from it
+for dx, so only the fp32 dweight / dbias accumulators stay in registers across the reduction. The
+accumulators are written once per CTA row-slot to an fp32 partial buffer (slots, N) that torch sums
+over slots in fp32: no atomics, bit-identical run to run.
+
+Known limits (H200, bf16 sweep, fraction of copy bandwidth): the forward reaches 88-96% up to
+N = 32768 (RMSNorm) / 8192 (LayerNorm), but the one-shot clustered forward falls to 70% (RMSNorm)
+and 37% (LayerNorm) at N = 262144, and LayerNorm forward at 16384+ to 50-60%; the likely cause,
+not yet confirmed with counters, is one register-heavy 512-thread CTA per SM idling through its
+reductions with no other loads in flight. LayerNorm backward with clusters (N >= 32768) spills
+registers (ptxas: ~300 B; two accumulators at 32 columns per thread) and reaches 28-36%.
+fp32 at N = 262144 fits one ring stage only (128 KB per CTA): correct, not overlapped.
+
+Compilation: one kernel per (op, direction, dtype, N, vec, affine) key, compiled on first use with M
+(the row count) symbolic, so a new M never recompiles; ``COMPILE_SECONDS`` records the compile time
+per key. Calls go through TVM-FFI (torch tensors passed straight in, the current stream taken from
+the environment) to keep the launch overhead small for decode shapes.
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+import tempfile
+import time
+from dataclasses import dataclass
+from functools import lru_cache
+from importlib.util import find_spec
+
+import torch
+
+import cuda.bindings.driver as cuda
+import cutlass
+import cutlass.cute as cute
+from cutlass import Boolean, Float32, Int32, Int64, const_expr
+from cutlass.cute.nvgpu import cpasync
+
+_TORCH2CUTE = {torch.bfloat16: cutlass.BFloat16, torch.float16: cutlass.Float16, torch.float32: cutlass.Float32}
+_HAS_TVM_FFI = find_spec("tvm_ffi") is not None
+
+# Shared memory budget of one CTA (Hopper allows 227 KB); the backward ring uses up to this much.
+_SMEM_BUDGET = 200 * 1024
+# A CTA holds at most this many bytes of one row; wider rows are split across a cluster.
+_MAX_CHUNK_BYTES = 32 * 1024
+_MAX_CLUSTER = 16
+# Target vectors per thread: 64 B of x in 16-bit types in the forward, enough loads in flight; half
+# that in the backward, whose thread also carries fp32 dweight / dbias accumulators (registers).
+_VECS_PER_THREAD = {"fwd": 4, "bwd": 2}
+
+
+# ============================================================================ launch shape
+@dataclass(frozen=True)
+class Launch:
+    """How one row is spread over threads and CTAs (static: part of the compiled kernel)."""
+
+    vec: int  # elements per vector access
+    threads_per_row: int
+    num_threads: int
+    cluster_n: int  # CTAs per row (a cluster along grid y)
+    vecs_per_thread: int
+
+    @property
+    def rows_per_cta(self) -> int:
+        return self.num_threads // self.threads_per_row
+
+    @property
+    def chunk(self) -> int:
+        """Columns one CTA covers (its tile may run past N: those columns are predicated off)."""
+        return self.vec * self.threads_per_row * self.vecs_per_thread
+
+    @property
+    def warps_per_row(self) -> int:
+        return max(self.threads_per_row // 32, 1)
+
+
+def launch_shape(n: int, elem_bytes: int, vec: int, direction: str = "fwd") -> Launch:
+    cluster_n = 1
+    while n * elem_bytes > _MAX_CHUNK_BYTES * cluster_n and cluster_n < _MAX_CLUSTER:
+        cluster_n *= 2
+    chunk_vecs = -(-(n // vec) // cluster_n)
+    tpr = min(512, 1 << max(0, math.ceil(math.log2(max(1, -(-chunk_vecs // _VECS_PER_THREAD[direction]))))))
+    vpt = -(-chunk_vecs // tpr)
+    # Cluster peers each need a distinct, non-empty slice of the row.
+    while cluster_n > 1 and (cluster_n - 1) * vec * tpr * vpt >= n:
+        cluster_n //= 2
+        vpt = -(-(-(-(n // vec) // cluster_n)) // tpr)
+    return Launch(vec, tpr, max(128, tpr), cluster_n, vpt)
+
+
+def vector_width(n: int, dtype: torch.dtype, *tensors: torch.Tensor) -> int:
+    """Widest vector (<= 128 bits) that N, every row stride and every base pointer allow."""
+    elem = torch.finfo(dtype).bits // 8
+    vec = 16 // elem
+    for v in (n, *(t.stride(0) for t in tensors if t.dim() == 2 and t.shape[0] > 1)):
+        vec = math.gcd(vec, v)
+    for t in tensors:
+        vec = math.gcd(vec, (t.data_ptr() // elem) if t.data_ptr() % elem == 0 else 1)
+    return vec
+
+
+# ============================================================================ reductions
+@cute.jit
+def row_allreduce(
+    partials: tuple,
+    launch: cutlass.Constexpr,
+    sbuf: cute.Tensor,  # fp32 (rows_per_cta, warps_per_row * cluster_n, slots)
+    slot: Int32,
+    mbar: cute.Pointer,  # this stage's mbarrier (cluster only, else None)
+    phase: Int32,
+):
+    """Sum each thread-partial in ``partials`` over the whole row; every thread gets the sums."""
+    tpr = const_expr(launch.threads_per_row)
+    wpr = const_expr(launch.warps_per_row)
+    cn = const_expr(launch.cluster_n)
+    sums = [cute.arch.warp_reduction(p, operator.add, threads_in_group=min(tpr, 32)) for p in partials]
+    if const_expr(wpr > 1 or cn > 1):
+        lane, warp = cute.arch.lane_idx(), cute.arch.warp_idx()
+        row, col = warp // wpr, warp % wpr
+        if const_expr(cn == 1):
+            if lane == 0:
+                for j in cutlass.range_constexpr(len(sums)):
+                    sbuf[row, col, slot + j] = sums[j]
+            cute.arch.barrier()
+        else:
+            # One mbarrier per stage counts the bytes of every peer's every warp; lane l of each
+            # warp pushes that warp's partial to CTA l of the cluster (itself included).
+            rank = cute.arch.block_idx_in_cluster()
+            if warp == 0:
+                with cute.arch.elect_one():
+                    cute.arch.mbarrier_arrive_and_expect_tx(mbar, len(sums) * wpr * cn * 4)
+            if lane < cn:
+                for j in cutlass.range_constexpr(len(sums)):
+                    dst = sbuf.iterator + cute.crd2idx((row, rank * wpr + col, slot + j), sbuf.layout)
+                    cute.arch.store_async_dsmem(dst, sums[j].bitcast(Int32), mbar, lane)
+            cute.arch.mbarrier_wait(mbar, phase)
+        entries = const_expr(wpr * cn)
+        for j in cutlass.range_constexpr(len(sums)):
+            acc = Float32(0.0)
+            for i in cutlass.range_constexpr(-(-entries // 32)):
+                idx = lane + i * 32
+                if idx < entries:
+                    acc += sbuf[row, idx, slot + j]
+            sums[j] = cute.arch.warp_reduction(acc, operator.add)
+    return sums
+
+
+def _reduction_buffer_layout(launch: Launch, slots: int):
+    return cute.make_ordered_layout(
+        (launch.rows_per_cta, launch.warps_per_row * launch.cluster_n, slots), order=(1, 0, 2)
+    )
+
+
+def _copy_atom(dtype, vec: int, async_copy: bool = False):
+    """One vector per copy; cp.async (global -> shared, bypassing registers) moves 4..16 bytes."""
+    bits = vec * dtype.width
+    op = cpasync.CopyG2SOp() if async_copy and bits >= 32 else cute.nvgpu.CopyUniversalOp()
+    return cute.make_copy_atom(op, dtype, num_bits_per_copy=bits)
+
+
+def _tiled_copy(dtype, launch: Launch, async_copy: bool = False):
+    atom = _copy_atom(dtype, launch.vec, async_copy)
+    thr_layout = cute.make_ordered_layout((launch.rows_per_cta, launch.threads_per_row), order=(1, 0))
+    return cute.make_tiled_copy_tv(atom, thr_layout, cute.make_layout((1, launch.vec)))
+
+
+def column_predicate(tXcX: cute.Tensor, n: int) -> cute.Tensor:
+    """One flag per vector: is it inside the row? (N is a multiple of vec: all in or all out.)
+    Not called ``pred``: inside a dynamic ``if`` the DSL's generated region code shadows that name."""
+    vpt = cute.size(tXcX, mode=[2])
+    in_row = cute.make_rmem_tensor(cute.make_layout((1, 1, vpt), stride=(vpt, 0, 1)), Boolean)
+    for k in range(vpt):
+        in_row[0, 0, k] = cute.elem_less(tXcX[(0, 0), 0, k][1], n)
+    return in_row
+
+
+def _broadcast_rows(mV: cute.Tensor, rows: int) -> cute.Tensor:
+    """(N,) -> (rows, N) with row stride 0, so a weight vector tiles like a row of x."""
+    return cute.make_tensor(mV.iterator, cute.make_layout((rows, mV.shape[0]), stride=(0, 1)))
+
+
+# ============================================================================ forward
+class NormForward:
+    def __init__(self, dtype, n: int, launch: Launch, layernorm: bool):
+        self.dtype, self.n, self.launch, self.layernorm = dtype, n, launch, layernorm
+
+    @cute.jit
+    def __call__(
+        self,
+        mX: cute.Tensor,
+        mW: cute.Tensor,  # or None
+        mB: cute.Tensor,  # or None
+        mY: cute.Tensor,
+        mRstd: cute.Tensor,
+        mMean: cute.Tensor,  # or None
+        eps: Float32,
+        stream: cuda.CUstream,
+    ):
+        L = self.launch
+        tiled = _tiled_copy(self.dtype, L)
+        self.kernel(mX, mW, mB, mY, mRstd, mMean, eps, tiled).launch(
+            grid=[cute.ceil_div(mX.shape[0], L.rows_per_cta), L.cluster_n, 1],
+            block=[L.num_threads, 1, 1],
+            cluster=[1, L.cluster_n, 1] if const_expr(L.cluster_n > 1) else None,
+            stream=stream,
+        )
+
+    @cute.kernel
+    def kernel(self, mX, mW, mB, mY, mRstd, mMean, eps: Float32, tiled: cute.TiledCopy):
+        L = const_expr(self.launch)
+        n = const_expr(self.n)
+        tiler = (L.rows_per_cta, L.chunk)
+        tidx, _, _ = cute.arch.thread_idx()
+        bidx, rank, _ = cute.arch.block_idx()
+        if const_expr(L.cluster_n == 1):
+            rank = 0
+
+        smem = cutlass.utils.SmemAllocator()
+        sbuf = smem.allocate_tensor(Float32, _reduction_buffer_layout(L, 2), byte_alignment=16)
+        mbar = None
+        if const_expr(L.cluster_n > 1):
+            mbar = smem.allocate_array(Int64, num_elems=2)
+            if tidx < 2:
+                cute.arch.mbarrier_init(mbar + tidx, 1)
+            cute.arch.mbarrier_init_fence()
+            cute.arch.cluster_arrive_relaxed()  # peers may push into us once all barriers exist
+
+        M = mX.shape[0]
+        thr = tiled.get_slice(tidx)
+        tXgX = thr.partition_S(cute.local_tile(mX, tiler, (bidx, rank)))
+        tXgY = thr.partition_D(cute.local_tile(mY, tiler, (bidx, rank)))
+        tXcX = thr.partition_S(cute.local_tile(cute.make_identity_tensor(mX.shape), tiler, (bidx, rank)))
+        in_row = column_predicate(tXcX, n)
+        row = tXcX[0][0]
+        atom = _copy_atom(self.dtype, L.vec)
+
+        rX = cute.make_rmem_tensor_like(tXgX)
+        rX.fill(0.0)  # columns past N read as 0 and drop out of the sums
+        if row < M:
+            cute.copy(atom, tXgX, rX, pred=in_row)
+        rW, rB = None, None
+        if const_expr(mW is not None):
+            rW = cute.make_rmem_tensor_like(tXgX)
+            rW.fill(0.0)
+            cute.copy(atom, thr.partition_S(cute.local_tile(_broadcast_rows(mW, L.rows_per_cta), tiler, (0, rank))), rW, pred=in_row)
+        if const_expr(mB is not None):
+            rB = cute.make_rmem_tensor_like(tXgX)
+            rB.fill(0.0)
+            cute.copy(atom, thr.partition_S(cute.local_tile(_broadcast_rows(mB, L.rows_per_cta), tiler, (0, rank))), rB, pred=in_row)
+
+        x = rX.load().to(Float32)
+        if const_expr(L.cluster_n > 1):
+            cute.arch.cluster_wait()
+        inv_n = const_expr(1.0 / n)
+        mean = Float32(0.0)
+        if const_expr(self.layernorm):
+            (total,) = row_allreduce((x.reduce(cute.ReductionOp.ADD, Float32(0.0), 0),), L, sbuf, 0, mbar, 0)
+            mean = total * inv_n
+            rXc = cute.make_rmem_tensor_like(rX, Float32)
+            rXc.store(x - mean)
+            if const_expr(n % L.chunk != 0 or L.cluster_n * L.chunk != n):
+                # the zero-filled columns past N are -mean now: take them out of the variance
+                for k in cutlass.range_constexpr(L.vecs_per_thread):
+                    if not in_row[0, 0, k]:
+                        for v in cutlass.range_constexpr(L.vec):
+                            rXc[(v, 0), 0, k] = Float32(0.0)
+            xc = rXc.load()
+            (ssq,) = row_allreduce(
+                ((xc * xc).reduce(cute.ReductionOp.ADD, Float32(0.0), 0),),
+                L, sbuf, 1, mbar + 1 if const_expr(mbar is not None) else None, 0,
+            )
+            rstd = cute.math.rsqrt(ssq * inv_n + eps)
+            y = xc * rstd
+        else:
+            (ssq,) = row_allreduce(((x * x).reduce(cute.ReductionOp.ADD, Float32(0.0), 0),), L, sbuf, 0, mbar, 0)
+            rstd = cute.math.rsqrt(ssq * inv_n + eps)
+            y = x * rstd
+        if const_expr(mW is not None):
+            y = y * rW.load().to(Float32)
+        if const_expr(mB is not None):
+            y = y + rB.load().to(Float32)
+        rY = cute.make_rmem_tensor_like(tXgY)
+        rY.store(y.to(self.dtype))
+        if row < M:
+            cute.copy(atom, rY, tXgY, pred=in_row)
+            if tXcX[0][1] == 0:  # the thread holding column 0 (in CTA 0 of the cluster)
+                mRstd[row] = rstd
+                if const_expr(mMean is not None):
+                    mMean[row] = mean
+
+
+# ============================================================================ backward
+@cute.jit
+def load_tile(atom, gX, gDY, sX, sDY, zero: cute.Tensor, in_row: cute.Tensor, valid: Boolean):
+    """One ring stage of x and dy (this thread's vectors). Rows past M are zero-filled instead:
+    dy = 0 makes them contribute nothing to the sums or to dweight / dbias."""
+    if valid:
+        cute.copy(atom, gX, sX, pred=in_row)
+        cute.copy(atom, gDY, sDY, pred=in_row)
+    else:
+        cute.autovec_copy(zero, sX)
+        cute.autovec_copy(zero, sDY)
+    cute.arch.cp_async_commit_group()
+
+
+def backward_occupancy(launch: Launch, elem_bytes: int) -> tuple[int, int]:
+    """(CTAs per SM, ring stages). The CTA count is promised to ptxas (min blocks per SM), which
+    caps the registers so that many CTAs really are resident: the persistent grid is sized by it."""
+    ctas = max(1, 512 // launch.num_threads)
+    stage_bytes = 2 * launch.rows_per_cta * launch.chunk * elem_bytes
+    while ctas > 1 and 2 * stage_bytes * ctas > _SMEM_BUDGET:
+        ctas //= 2
+    # fp32 at N = 262144 fits a single stage (128 KB per CTA): correct, but loads do not overlap
+    return ctas, max(1, min(4, _SMEM_BUDGET // (stage_bytes * ctas)))
+
+
+def max_resident(compiled, kernel, num_sms: int) -> int:
+    """How many CTAs (clusters when cluster_n > 1) of this compiled kernel fit on the GPU at once,
+    from the driver's occupancy calculator. With clusters this is not SMs / cluster_n: a cluster
+    must fit inside one GPC and H100/H200 GPCs hold different SM counts. A persistent grid larger
+    than this runs a second, mostly idle wave."""
+    from cuda.bindings import driver
+
+    L = kernel.launch
+    fallback = max(1, num_sms * kernel.ctas_per_sm // L.cluster_n)
+    try:
+        err, lib = driver.cuLibraryLoadData(compiled.artifacts.CUBIN, None, None, 0, None, None, 0)
+        err, kernels = driver.cuLibraryEnumerateKernels(1, lib)
+        err, func = driver.cuKernelGetFunction(kernels[0])
+        smem = kernel.smem_bytes()
+        attr = driver.CUfunction_attribute
+        driver.cuFuncSetAttribute(func, attr.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem)
+        if L.cluster_n == 1:
+            err, per_sm = driver.cuOccupancyMaxActiveBlocksPerMultiprocessor(func, L.num_threads, smem)
+            return per_sm * num_sms if err == driver.CUresult.CUDA_SUCCESS and per_sm > 0 else fallback
+        driver.cuFuncSetAttribute(func, attr.CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1)
+        cfg = driver.CUlaunchConfig()
+        cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ = L.cluster_n, 1, 1
+        cfg.blockDimX, cfg.blockDimY, cfg.blockDimZ = L.num_threads, 1, 1
+        cfg.sharedMemBytes = smem
+        cluster = driver.CUlaunchAttribute()
+        cluster.id = driver.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
+        cluster.value.clusterDim.x, cluster.value.clusterDim.y, cluster.value.clusterDim.z = L.cluster_n, 1, 1
+        cfg.numAttrs, cfg.attrs = 1, [cluster]
+        err, clusters = driver.cuOccupancyMaxActiveClusters(func, cfg)
+        return clusters if err == driver.CUresult.CUDA_SUCCESS and clusters > 0 else fallback
+    except Exception:
+        return fallback
+
+
+class NormBackward:
+    def __init__(self, dtype, n: int, launch: Launch, layernorm: bool):
+        self.dtype, self.n, self.launch, self.layernorm = dtype, n, launch, layernorm
+        self.ctas_per_sm, self.stages = backward_occupancy(launch, dtype.width // 8)
+
+    def smem_bytes(self) -> int:
+        """Dynamic shared memory of one CTA (as the allocator lays it out, rounded up)."""
+        L = self.launch
+        ring = 2 * L.rows_per_cta * L.chunk * self.stages * self.dtype.width // 8
+        sbuf = L.rows_per_cta * L.warps_per_row * L.cluster_n * (4 if self.layernorm else 2) * 4
+        return ring + sbuf + 16 + 128
+
+    @cute.jit
+    def __call__(
+        self,
+        mDY: cute.Tensor,
+        mX: cute.Tensor,
+        mW: cute.Tensor,  # or None
+        mRstd: cute.Tensor,
+        mMean: cute.Tensor,  # or None
+        mDX: cute.Tensor,
+        mDWp: cute.Tensor,  # fp32 (groups * rows_per_cta, N) partials of dweight, or None
+        mDBp: cute.Tensor,  # same for dbias, or None
+        groups: Int32,  # persistent CTAs (clusters) along grid x
+        stream: cuda.CUstream,
+    ):
+        L = self.launch
+        self.kernel(mDY, mX, mW, mRstd, mMean, mDX, mDWp, mDBp,
+                    _tiled_copy(self.dtype, L, async_copy=True), _tiled_copy(self.dtype, L)).launch(
+            grid=[groups, L.cluster_n, 1],
+            block=[L.num_threads, 1, 1],
+            cluster=[1, L.cluster_n, 1] if const_expr(L.cluster_n > 1) else None,
+            min_blocks_per_mp=self.ctas_per_sm,
+            preferred_smem_carveout=100,
+            stream=stream,
+        )
+
+    @cute.kernel
+    def kernel(self, mDY, mX, mW, mRstd, mMean, mDX, mDWp, mDBp,
+               tiled_load: cute.TiledCopy, tiled_store: cute.TiledCopy):
+        L = const_expr(self.launch)
+        n = const_expr(self.n)
+        S = const_expr(self.stages)
+        nvals = const_expr(2 if self.layernorm else 1)
+        tiler = (L.rows_per_cta, L.chunk)
+        tidx, _, _ = cute.arch.thread_idx()
+        bidx, rank, _ = cute.arch.block_idx()
+        groups, _, _ = cute.arch.grid_dim()
+        if const_expr(L.cluster_n == 1):
+            rank = 0
+
+        smem = cutlass.utils.SmemAllocator()
+        ring = cute.make_ordered_layout((L.rows_per_cta, L.chunk, S), order=(1, 0, 2))
+        sX = smem.allocate_tensor(self.dtype, ring, byte_alignment=16)
+        sDY = smem.allocate_tensor(self.dtype, ring, byte_alignment=16)
+        # two reduction stages (row-iteration parity), nvals values each
+        sbuf = smem.allocate_tensor(Float32, _reduction_buffer_layout(L, 2 * nvals), byte_alignment=16)
+        mbar = None
+        if const_expr(L.cluster_n > 1):
+            mbar = smem.allocate_array(Int64, num_elems=2)
+            if tidx < 2:
+                cute.arch.mbarrier_init(mbar + tidx, 1)
+            cute.arch.mbarrier_init_fence()
+            cute.arch.cluster_arrive_relaxed()
+
+        M = mX.shape[0]
+        num_tiles = cute.ceil_div(M, L.rows_per_cta)
+        ld = tiled_load.get_slice(tidx)
+        st = tiled_store.get_slice(tidx)
+        tXgX = ld.partition_S(cute.local_tile(mX, tiler, (None, rank)))  # (..., tile)
+        tXgDY = ld.partition_S(cute.local_tile(mDY, tiler, (None, rank)))
+        tXgDX = st.partition_D(cute.local_tile(mDX, tiler, (None, rank)))
+        tXcX = ld.partition_S(cute.local_tile(cute.make_identity_tensor(mX.shape), tiler, (None, rank)))
+        tXsX = ld.partition_D(sX)  # (..., stage)
+        tXsDY = ld.partition_D(sDY)
+        in_row = column_predicate(tXcX[None, None, None, 0], n)
+        atom_load = _copy_atom(self.dtype, L.vec, async_copy=True)
+        atom = _copy_atom(self.dtype, L.vec)
+
+        # Each thread reads back only the smem vectors its own cp.asyncs wrote, so the ring needs
+        # no CTA barrier. Vectors past N are never written: zero them once, for every stage.
+        zero = cute.make_rmem_tensor_like(tXsX[None, None, None, 0])
+        zero.fill(0.0)
+        for s in cutlass.range_constexpr(S):
+            cute.autovec_copy(zero, tXsX[None, None, None, s])
+            cute.autovec_copy(zero, tXsDY[None, None, None, s])
+
+        for s in cutlass.range_constexpr(S - 1):
+            early = bidx + s * groups
+            load_tile(atom_load, tXgX[None, None, None, early], tXgDY[None, None, None, early],
+                      tXsX[None, None, None, s], tXsDY[None, None, None, s], zero, in_row,
+                      early < num_tiles and tXcX[0, 0, 0, early][0] < M)
+
+        rW = cute.make_rmem_tensor_like(zero)
+        rW.fill(1.0)
+        if const_expr(mW is not None):
+            rW.fill(0.0)
+            cute.copy(atom, st.partition_S(cute.local_tile(_broadcast_rows(mW, L.rows_per_cta), tiler, (0, rank))), rW, pred=in_row)
+        rDW = cute.make_rmem_tensor_like(zero, Float32)
+        rDW.fill(0.0)
+        rDB = cute.make_rmem_tensor_like(zero, Float32)
+        rDB.fill(0.0)
+        rX = cute.make_rmem_tensor_like(zero)
+        rDY = cute.make_rmem_tensor_like(zero)
+        rDX = cute.make_rmem_tensor_like(zero)
+        if const_expr(L.cluster_n > 1):
+            cute.arch.cluster_wait()
+
+        inv_n = const_expr(1.0 / n)
+        it = Int32(0)
+        for tile in cutlass.range(bidx, num_tiles, groups, unroll=1):
+            ahead, ahead_stage = tile + (S - 1) * groups, (it + S - 1) % S
+            load_tile(atom_load, tXgX[None, None, None, ahead], tXgDY[None, None, None, ahead],
+                      tXsX[None, None, None, ahead_stage], tXsDY[None, None, None, ahead_stage], zero, in_row,
+                      ahead < num_tiles and tXcX[0, 0, 0, ahead][0] < M)
+            row = tXcX[0, 0, 0, tile][0]
+            rstd, mean = Float32(0.0), Float32(0.0)
+            if row < M:
+                rstd = mRstd[row]
+                if const_expr(mMean is not None):
+                    mean = mMean[row]
+            cute.arch.cp_async_wait_group(S - 1)
+            stage = it % S
+            # Pass 1: the row sums. x and dy are read from shared memory again in pass 2 rather
+            # than kept live across the reduction: that keeps the fp32 accumulators in registers.
+            cute.autovec_copy(tXsX[None, None, None, stage], rX)
+            cute.autovec_copy(tXsDY[None, None, None, stage], rDY)
+            x = rX.load().to(Float32)
+            xhat = (x - mean) * rstd if const_expr(self.layernorm) else x * rstd
+            g = rDY.load().to(Float32) * rW.load().to(Float32)
+            partials = ((xhat * g).reduce(cute.ReductionOp.ADD, Float32(0.0), 0),)
+            if const_expr(self.layernorm):
+                partials = (partials[0], g.reduce(cute.ReductionOp.ADD, Float32(0.0), 0))
+            parity = it % 2
+            sums = row_allreduce(partials, L, sbuf, parity * nvals,
+                                 mbar + parity if const_expr(mbar is not None) else None, (it // 2) % 2)
+            c1 = sums[0] * inv_n
+            c2 = sums[1] * inv_n if const_expr(self.layernorm) else Float32(0.0)
+            # Pass 2: dx, and this row's share of dweight / dbias.
+            cute.autovec_copy(tXsX[None, None, None, stage], rX)
+            cute.autovec_copy(tXsDY[None, None, None, stage], rDY)
+            x = rX.load().to(Float32)
+            dy = rDY.load().to(Float32)
+            xhat = (x - mean) * rstd if const_expr(self.layernorm) else x * rstd
+            g = dy * rW.load().to(Float32)
+            if const_expr(self.layernorm):
+                dx = (g - xhat * c1 - c2) * rstd
+            else:
+                dx = (g - xhat * c1) * rstd
+            rDX.store(dx.to(self.dtype))
+            if row < M:
+                cute.copy(atom, rDX, tXgDX[None, None, None, tile], pred=in_row)
+            if const_expr(mDWp is not None):
+                rDW.store(rDW.load() + dy * xhat)
+            if const_expr(mDBp is not None):
+                rDB.store(rDB.load() + dy)
+            it += 1
+
+        # One partial row per (CTA, row slot): every column < N of every slot is written.
+        slot_tiler = (L.rows_per_cta, L.chunk)
+        for acc, mP in ((rDW, mDWp), (rDB, mDBp)):
+            if const_expr(mP is not None):
+                tPgP = st.partition_D(cute.local_tile(mP, slot_tiler, (bidx, rank)))
+                for k in cutlass.range_constexpr(L.vecs_per_thread):
+                    if in_row[0, 0, k]:
+                        cute.autovec_copy(acc[None, None, k], tPgP[None, None, k])
+
+
+# ============================================================================ compile cache
+COMPILE_SECONDS: dict[tuple, float] = {}  # key -> seconds spent compiling it
+_COMPILED: dict[tuple, object] = {}
+_RESIDENT: dict[tuple, int] = {}  # backward key -> CTAs (clusters) resident at once: the grid
+
+
+def _fake(dtype, shape, vec: int, row_stride_div: int | None = None):
+    stride = (cute.sym_int64(divisibility=row_stride_div or vec), 1) if len(shape) == 2 else (1,)
+    return cute.runtime.make_fake_tensor(dtype, shape, stride=stride, assumed_align=vec * dtype.width // 8)
+
+
+def compile_kernel(op: str, direction: str, dtype: torch.dtype, n: int, vec: int, affine: bool, bias: bool = False):
+    """The compiled kernel for this key (compiled once; a new M reuses it)."""
+    key = (op, direction, dtype, n, vec, affine, bias)
+    if key in _COMPILED:
+        return _COMPILED[key]
+    t0 = time.perf_counter()
+    cdt = _TORCH2CUTE[dtype]
+    launch = launch_shape(n, cdt.width // 8, vec, direction)
+    layer = op == "layernorm"
+    m = cute.sym_int()
+    x = _fake(cdt, (m, n), vec)
+    w = _fake(cdt, (n,), vec) if affine else None
+    rstd = _fake(Float32, (m,), 1)
+    mean = _fake(Float32, (m,), 1) if layer else None
+    stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=_HAS_TVM_FFI)
+    options = "--enable-tvm-ffi" if _HAS_TVM_FFI else ""
+    if direction == "fwd":
+        b = _fake(cdt, (n,), vec) if bias else None
+        y = _fake(cdt, (m, n), vec)
+        fn = cute.compile(NormForward(cdt, n, launch, layer), x, w, b, y, rstd, mean, Float32(0.0), stream, options=options)
+    else:
+        slots = cute.sym_int()
+        pdiv = math.gcd(n, 4)
+        dwp = _fake(Float32, (slots, n), pdiv) if affine else None
+        dbp = _fake(Float32, (slots, n), pdiv) if layer else None
+        kernel = NormBackward(cdt, n, launch, layer)
+        with tempfile.TemporaryDirectory() as dump:  # keep the cubin: max_resident() asks the driver about it
+            fn = cute.compile(kernel, _fake(cdt, (m, n), vec), x, w, rstd, mean, _fake(cdt, (m, n), vec),
+                              dwp, dbp, Int32(1), stream, options=f"{options} --keep-cubin --dump-dir={dump}")
+    COMPILE_SECONDS[key] = time.perf_counter() - t0
+    _COMPILED[key] = (fn, launch if direction == "fwd" else kernel)
+    return _COMPILED[key]
+
+
+def compile_only(op: str, direction: str, dtype: torch.dtype, n: int, vec: int | None = None, affine: bool = True) -> float:
+    """Compile one variant without a GPU (set CUTE_DSL_ARCH=sm_90a); returns compile seconds."""
+    elem = torch.finfo(dtype).bits // 8
+    vec = vec or math.gcd(n, 16 // elem)
+    bias = op == "layernorm" and direction == "fwd" and affine
+    compile_kernel(op, direction, dtype, n, vec, affine, bias)
+    return COMPILE_SECONDS[(op, direction, dtype, n, vec, affine, bias)]
+
+
+# ============================================================================ the contract
+@lru_cache(maxsize=None)
+def _num_sms(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def _check_call():
+    if not _HAS_TVM_FFI:
+        raise RuntimeError("impls.cute calls its kernels through TVM-FFI: pip install apache-tvm-ffi")
+
+
+def _forward(op, x, weight, bias, eps):
+    _check_call()
+    m, n = x.shape
+    y = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    rstd = torch.empty(m, dtype=torch.float32, device=x.device)
+    mean = torch.empty(m, dtype=torch.float32, device=x.device) if op == "layernorm" else None
+    vec = vector_width(n, x.dtype, *(t for t in (x, y, weight, bias) if t is not None))
+    fn, _ = compile_kernel(op, "fwd", x.dtype, n, vec, weight is not None, bias is not None)
+    fn(x, weight, bias, y, rstd, mean, eps)
+    return y, mean, rstd
+
+
+def _backward(op, dy, x, weight, rstd, mean):
+    _check_call()
+    m, n = x.shape
+    dx = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    vec = vector_width(n, x.dtype, *(t for t in (dy, x, dx, weight) if t is not None))
+    key = (op, x.dtype, n, vec, weight is not None)
+    fn, kernel = compile_kernel(op, "bwd", x.dtype, n, vec, weight is not None)
+    launch = kernel.launch
+    if key not in _RESIDENT:
+        _RESIDENT[key] = max_resident(fn, kernel, _num_sms(x.device.index or 0))
+    groups = max(1, min(-(-m // launch.rows_per_cta), _RESIDENT[key]))
+    slots = groups * launch.rows_per_cta
+    dwp = torch.empty((slots, n), dtype=torch.float32, device=x.device) if weight is not None else None
+    dbp = torch.empty((slots, n), dtype=torch.float32, device=x.device) if op == "layernorm" else None
+    fn(dy, x, weight, rstd, mean, dx, dwp, dbp, groups)
+    dw = dwp.sum(0).to(x.dtype) if dwp is not None else None
+    db = dbp.sum(0).to(x.dtype) if dbp is not None else None
+    return dx, dw, db
+
+
+def rmsnorm_fwd(x, weight, eps):
+    y, _, rstd = _forward("rmsnorm", x, weight, None, eps)
+    return y, rstd
+
+
+def rmsnorm_bwd(dy, x, weight, rstd):
+    dx, dw, _ = _backward("rmsnorm", dy, x, weight, rstd, None)
+    return dx, dw
+
+
+def layernorm_fwd(x, weight, bias, eps):
+    return _forward("layernorm", x, weight, bias, eps)
+
+
+def layernorm_bwd(dy, x, weight, mean, rstd):
+    return _backward("layernorm", dy, x, weight, rstd, mean)
