@@ -445,7 +445,11 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     parser = build_parser()
-    args = parser.parse_args(argv)
+    if argv and argv[0] in ("tritonbench", "generate"):
+        # argparse.REMAINDER refuses a first argument that starts with '--': pass the rest verbatim
+        args = argparse.Namespace(fn=cmd_delegate(argv[0]), rest=argv[1:])
+    else:
+        args = parser.parse_args(argv)
     try:
         return args.fn(args)
     except (ValueError, TypeError) as e:
