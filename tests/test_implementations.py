@@ -37,6 +37,10 @@ def plan():
                     if not shapes:
                         continue
                     marks = [pytest.mark.skip(reason=f"{impl.name}: {why}")] if why else []
+                    if impl.meta.get("variant") == "first-shot" and impl.meta.get("has_fixes"):
+                        # an LLM's verbatim output that needed fixes: its failures are a result
+                        # (reported by normbench check/bench), not a regression
+                        marks.append(pytest.mark.xfail(reason="first-shot LLM output with recorded fixes", strict=False))
                     yield pytest.param(impl, op, dtype, set_name, shapes, id=f"{impl.name}-{op}-{dtype}-{set_name}", marks=marks)
 
 
@@ -51,7 +55,11 @@ def test_matches_fp64_reference(impl, op, dtype, set_name, shapes, direction):
     assert not failures, "\n".join(failures)
 
 
-@pytest.mark.parametrize("impl", [i for i in all_implementations().values() if i.available(DEVICE)], ids=lambda i: i.name)
+@pytest.mark.parametrize(
+    "impl",
+    [i for i in all_implementations().values() if i.available(DEVICE) and not (i.meta.get("variant") == "first-shot" and i.meta.get("has_fixes"))],
+    ids=lambda i: i.name,
+)
 def test_without_affine_parameters(impl):
     """weight=None (elementwise_affine=False) and bias=None."""
     shape = SHAPE_SETS["edge"][5]
