@@ -161,13 +161,19 @@ def _shape_sets(value: str | None, device: str):
 
 
 def cmd_check(a) -> int:
+    device = _device(a.device)
+    if device == "cpu":
+        # before anything imports triton: its own language functions are decorated at import
+        from .contract import INTERPRETERS
+
+        for var in INTERPRETERS.values():
+            os.environ.setdefault(var, "1")
     from rich.progress import track
     from rich.table import Table
 
     from .checker import run_check
     from .registry import select
 
-    device = _device(a.device)
     ops = _split(a.op, OPS, "op")
     dirs = _split(a.direction, DIRECTIONS, "direction")
     dtypes = _split(a.dtype, tuple(DTYPES), "dtype")
@@ -249,7 +255,12 @@ def cmd_bench(a) -> int:
     impls = select(a.impl)
     out = Path(a.out) if a.out else default_out_dir(torch.cuda.get_device_name(0))
     command = "normbench " + " ".join(shlex.quote(x) for x in sys.argv[1:])
-    rows = run_bench(impls, ops, dirs, sets, dtypes, out, resume=a.resume, command=command)
+    from .bench import CudaTimer
+
+    if a.rep_ms <= 0 or a.warmup_ms < 0:
+        raise UsageError("--rep-ms must be > 0 and --warmup-ms >= 0")
+    timer = CudaTimer(warmup_ms=a.warmup_ms, rep_ms=a.rep_ms)
+    rows = run_bench(impls, ops, dirs, sets, dtypes, out, resume=a.resume, command=command, timer=timer)
     written = report.write_report(out)
     _print_rank(rows)
     print(f"wrote {out}/results.jsonl, {written['report']}, {written['csv']} and {len(written['plots'])} plots")
@@ -404,6 +415,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--out", help="report folder (default: reports/<gpu>/<date>)")
     s.add_argument("--resume", action="store_true", help="skip points already in the folder's results.jsonl")
     s.add_argument("--profile", action="store_true", help="Nsight Compute counters for the best of each DSL")
+    s.add_argument("--rep-ms", type=int, default=100, help="time budget of each trial's repetitions (do_bench rep)")
+    s.add_argument("--warmup-ms", type=int, default=25, help="warm-up of each trial (do_bench warmup)")
     s.set_defaults(fn=cmd_bench)
 
     s = sub.add_parser("rank", help="leaderboards from benchmark results (default: the newest report)")

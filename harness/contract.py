@@ -180,9 +180,13 @@ def _module_name(impl: Implementation) -> str:
 
 
 def _loaded_without_interpreter(impl: Implementation) -> bool:
+    """Too late to switch the interpreter on: the module (or, for Triton, triton itself, whose own
+    language functions are decorated at import) was imported while it was off."""
     import sys
 
-    return _module_name(impl) in sys.modules and os.environ.get(impl.interpreter, "0") != "1"
+    if os.environ.get(impl.interpreter, "0") == "1":
+        return False
+    return _module_name(impl) in sys.modules or (impl.interpreter == INTERPRETERS["triton"] and "triton" in sys.modules)
 
 
 def _load_raw(impl: Implementation, device: str):

@@ -1,5 +1,14 @@
-import pytest
+import os
+
 import torch
+
+if not torch.cuda.is_available():
+    # Triton decorates its own language functions (tl.sum, tl.cdiv) when it is first imported, so
+    # the interpreter must be on before anything (Helion included) imports triton.
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+    os.environ.setdefault("HELION_INTERPRET", "1")
+
+import pytest  # noqa: E402
 
 HAS_CUDA = torch.cuda.is_available()
 DEVICE = "cuda" if HAS_CUDA else "cpu"

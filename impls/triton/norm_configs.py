@@ -1,0 +1,184 @@
+"""Launch configurations for ``norm_kernels``: pinned per GPU and N bucket, searched only on request.
+
+A ``Config`` says how a kernel walks the (M, N) input:
+
+* ``rows``: rows per tile, processed together (several short rows per program keep enough bytes in
+  flight; the row reductions stay per row).
+* ``warps``: ``num_warps``.
+* ``chunk``: 0 keeps a whole row (padded to the N bucket, the next power of two) in registers;
+  otherwise rows are walked in column chunks of this many elements, twice (see ``norm_kernels``).
+* ``programs_per_sm``: backward only, the size of the persistent grid.
+* ``reread``: backward, whole-row kernel only: read each row a second time (from L1/L2) for dx
+  instead of holding x and dy in registers across the row reductions, leaving the registers to the
+  dw/db accumulators (for rows too wide to keep both).
+
+Where a config comes from, in order:
+
+1. ``NORMBENCH_TRITON_AUTOTUNE=1``: each candidate of ``candidates()`` is timed on the caller's own
+   tensors (``triton.testing.do_bench``, median) the first time a (GPU, op, direction, bucket, dtype)
+   is seen in this process; the winner is cached for the rest of the process.
+2. ``norm_configs.json``: the winners measured per GPU (bf16, the sweep shapes), by the name
+   ``torch.cuda.get_device_name`` reports. Only the H200 is measured so far.
+3. ``heuristic()``: for any other GPU, the H100 included (and ``interpreter_config()`` for the CPU
+   interpreter).
+
+The bucket is ``next_pow2(N)``: it is the register tile width, so every N in a bucket compiles to
+the same kernel. A table may also hold an exact N (a sweep point whose own best beat its bucket's
+config by more than the noise); it takes precedence over the bucket. The tables are keyed by N
+alone, not dtype: the register footprint is fp32 whatever the input dtype.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass
+
+import torch
+
+CONFIG_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "norm_configs.json")
+AUTOTUNE_ENV = "NORMBENCH_TRITON_AUTOTUNE"
+MIN_BLOCK = 16  # the narrowest tile: keeps layouts ordinary for N = 1
+INTERPRETER_SMS = 4  # "SMs" of the CPU interpreter: any small number; programs run one after another
+
+# Widest N bucket whose row lives whole in registers, for the heuristic (64K 32-bit registers per
+# SM: a 32768-wide fp32 row is half of them; the backward holds x, dy and the dw/db accumulators).
+FWD_TILE_MAX = 32768
+BWD_TILE_MAX = 8192
+
+
+@dataclass(frozen=True)
+class Config:
+    rows: int = 1
+    warps: int = 4
+    chunk: int = 0
+    programs_per_sm: int = 1
+    reread: bool = False
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+def bucket(n: int) -> int:
+    return max(MIN_BLOCK, 1 << (max(n, 1) - 1).bit_length())
+
+
+def device_name(device: torch.device) -> str:
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+
+
+def sm_count(device: torch.device) -> int:
+    if device.type != "cuda":
+        return INTERPRETER_SMS
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def _clamp(v: int, lo: int, hi: int) -> int:
+    return max(lo, min(hi, v))
+
+
+def interpreter_config(direction: str, n: int) -> Config:
+    """The CPU interpreter pays per operation, not per element: few programs, big tiles."""
+    rows = _clamp(32768 // bucket(n), 1, 64)
+    return Config(rows=rows, chunk=0 if bucket(n) <= 32768 else 8192)
+
+
+def heuristic(direction: str, n: int) -> Config:
+    """A config for a GPU without pinned data, shaped after the H200 winners: ~8-32 fp32 elements
+    per thread per tile; small rows several to a tile and, in the backward, several programs per SM
+    (each keeps a block in flight while it computes); rows past the register budget chunked."""
+    b = bucket(n)
+    if direction == "fwd":
+        if b <= FWD_TILE_MAX:
+            rows = _clamp(2048 // b, 1, 16)
+            return Config(rows=rows, warps=_clamp(rows * b // 512, 4, 16))
+        return Config(rows=1, warps=16, chunk=8192)
+    if b <= BWD_TILE_MAX:
+        rows = _clamp(2048 // b, 2, 16) if b <= 2048 else 1
+        programs = 4 if b <= 1024 else 2 if b <= 4096 else 1
+        return Config(rows=rows, warps=_clamp(rows * b // 512, 4, 16), programs_per_sm=programs)
+    return Config(rows=4, warps=16, chunk=4096)
+
+
+def candidates(direction: str, n: int) -> list[Config]:
+    """The search space of the autotune mode, kept small (a few dozen configs at most)."""
+    b = bucket(n)
+    out = []
+    if direction == "fwd":
+        if b <= 32768:
+            for rows in (1, 2, 4, 8):
+                for warps in (4, 8, 16, 32):
+                    per_thread = rows * b // (32 * warps)
+                    if rows * b <= max(b, 16384) and 8 <= per_thread <= 64:
+                        out.append(Config(rows=rows, warps=warps))
+        if b >= 16384:
+            out += [Config(rows=1, warps=w, chunk=c) for c in (8192, 16384) for w in (8, 16) if c < b]
+        return out or [heuristic(direction, n)]
+    if b <= 8192:
+        for rows in (1, 2, 4):
+            for warps in (4, 8, 16):
+                per_thread = rows * b // (32 * warps)
+                if rows * b <= max(b, 8192) and 4 <= per_thread <= 32:
+                    # more programs per SM only while they can all be resident (persistent grid)
+                    out += [Config(rows=rows, warps=warps, programs_per_sm=p) for p in (1, 2, 4) if p * warps <= 16]
+    if 4096 <= b <= 16384:
+        out += [Config(rows=r, warps=w, reread=True) for r, w in ((1, 16), (2, 16), (1, 32))]
+    if b >= 8192:
+        out += [Config(rows=r, warps=w, chunk=4096) for r, w in ((2, 16), (4, 16), (4, 8))]
+    return out or [heuristic(direction, n)]
+
+
+# ------------------------------------------------------------------------------ pinned tables
+_PINNED: dict | None = None
+
+
+def pinned_table() -> dict:
+    """{gpu name: {"rmsnorm_fwd": {bucket (str): config dict}, ...}} from ``norm_configs.json``."""
+    global _PINNED
+    if _PINNED is None:
+        with open(CONFIG_FILE) as f:
+            _PINNED = {k: v for k, v in json.load(f).items() if not k.startswith("_")}
+    return _PINNED
+
+
+def pinned(gpu: str, op: str, direction: str, n: int) -> Config | None:
+    """An entry for exactly N (a sweep point that beat its bucket's config), else for N's bucket."""
+    table = pinned_table().get(gpu, {}).get(f"{op}_{direction}", {})
+    entry = table.get(str(n)) or table.get(str(bucket(n)))
+    return Config(**entry) if entry else None
+
+
+# ------------------------------------------------------------------------------ choosing
+_SEARCHED: dict = {}
+
+
+def search(launch, configs: list[Config]) -> tuple[Config, dict]:
+    """Time ``launch(config)`` for each config (median ms); the fastest and every timing."""
+    import triton.testing
+
+    times = {}
+    for cfg in configs:
+        try:
+            times[cfg] = triton.testing.do_bench(lambda: launch(cfg), warmup=10, rep=40, return_mode="median")
+        except Exception as e:  # a config the compiler rejects (out of resources) is just not a candidate
+            times[cfg] = float("inf")
+            print(f"norm_configs: {cfg} failed: {type(e).__name__}: {str(e)[:200]}")
+    return min(times, key=times.get), times
+
+
+def choose(op: str, direction: str, n: int, device: torch.device, launch=None, dtype=None) -> Config:
+    """The config to launch with (see the module docstring for the order)."""
+    gpu = device_name(device)
+    if device.type == "cuda" and launch is not None and os.environ.get(AUTOTUNE_ENV, "0") == "1":
+        key = (gpu, op, direction, bucket(n), dtype)
+        if key not in _SEARCHED:
+            _SEARCHED[key] = search(launch, candidates(direction, n))[0]
+        return _SEARCHED[key]
+    if device.type != "cuda":
+        return interpreter_config(direction, n)
+    return lookup(gpu, op, direction, n)
+
+
+def lookup(gpu: str, op: str, direction: str, n: int) -> Config:
+    """The pinned config for this GPU and N bucket, else the heuristic's."""
+    return pinned(gpu, op, direction, n) or heuristic(direction, n)
