@@ -186,10 +186,16 @@ def environment(device: str = "cuda") -> dict:
 
 
 def git_commit() -> str | None:
+    """The checkout's commit (``-dirty`` with uncommitted changes); NORMBENCH_COMMIT where the tree
+    is a copy without git history (as on the lent GPU machine)."""
+    if os.environ.get("NORMBENCH_COMMIT"):
+        return os.environ["NORMBENCH_COMMIT"]
     root = Path(__file__).resolve().parent.parent
     try:
         out = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10)
-        commit = out.stdout.strip() or None
+        commit = out.stdout.strip()
+        if out.returncode != 0 or not all(c in "0123456789abcdef" for c in commit) or len(commit) < 7:
+            return None
         dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True, timeout=10)
         return f"{commit}{'-dirty' if dirty.stdout.strip() else ''}" if commit else None
     except Exception:

@@ -28,6 +28,7 @@ An implementation that does not want to handle ``weight=None`` itself sets
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.util
 import os
@@ -43,8 +44,11 @@ DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 DTYPE_NAMES = {v: k for k, v in DTYPES.items()}
 FUNCTIONS = ("rmsnorm_fwd", "rmsnorm_bwd", "layernorm_fwd", "layernorm_bwd")
 
-# How a DSL runs without a GPU: the environment variable that switches its interpreter on. It must
-# be set before the kernels are decorated, so the harness sets it before importing the module.
+# How a DSL runs without a GPU: the environment variable that switches its interpreter on.
+# Triton's must be set before triton is first imported (it decorates its own language functions
+# then), so the harness sets it early and keeps it. Helion refuses HELION_INTERPRET=1 (its eager
+# reference mode) while TRITON_INTERPRET=1 is set, so around a Helion-interpreted import or call on
+# the CPU the harness swaps the two (``interpreter_env``).
 INTERPRETERS = {"triton": "TRITON_INTERPRET", "helion": "HELION_INTERPRET"}
 
 
@@ -180,23 +184,45 @@ def _module_name(impl: Implementation) -> str:
 
 
 def _loaded_without_interpreter(impl: Implementation) -> bool:
-    """Too late to switch the interpreter on: the module (or, for Triton, triton itself, whose own
-    language functions are decorated at import) was imported while it was off."""
+    """Too late to switch Triton's interpreter on: the module, or triton itself (whose language
+    functions are decorated at import), was imported while it was off."""
     import sys
 
-    if os.environ.get(impl.interpreter, "0") == "1":
+    if impl.interpreter != INTERPRETERS["triton"] or os.environ.get(impl.interpreter, "0") == "1":
         return False
-    return _module_name(impl) in sys.modules or (impl.interpreter == INTERPRETERS["triton"] and "triton" in sys.modules)
+    return _module_name(impl) in sys.modules or "triton" in sys.modules
+
+
+@contextlib.contextmanager
+def interpreter_env(impl: Implementation, device: str):
+    """On the CPU, HELION_INTERPRET=1 and no TRITON_INTERPRET for the duration (see INTERPRETERS)."""
+    if device != "cpu" or impl.interpreter != INTERPRETERS["helion"]:
+        yield
+        return
+    saved = {k: os.environ.get(k) for k in ("HELION_INTERPRET", "TRITON_INTERPRET")}
+    if saved["TRITON_INTERPRET"] == "1" and importlib.util.find_spec("triton") is not None:
+        import triton.language  # noqa: F401  (first import while Triton's interpreter is on)
+    os.environ["HELION_INTERPRET"] = "1"
+    os.environ.pop("TRITON_INTERPRET", None)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 def _load_raw(impl: Implementation, device: str):
-    if device == "cpu" and impl.interpreter:
+    if device == "cpu" and impl.interpreter == INTERPRETERS["triton"]:
         os.environ[impl.interpreter] = "1"
     if impl in _RAW_CACHE:
         return _RAW_CACHE[impl]
     mod_name, _, factory = impl.entry.partition(":")
-    mod = importlib.import_module(mod_name)
-    raw = getattr(mod, factory)(**impl.options) if factory else mod
+    with interpreter_env(impl, device):
+        mod = importlib.import_module(mod_name)
+        raw = getattr(mod, factory)(**impl.options) if factory else mod
     for fn in FUNCTIONS:
         if fn.split("_")[0] in impl.ops and not callable(getattr(raw, fn, None)):
             raise TypeError(f"implementation '{impl.name}' ({impl.entry}) does not define {fn}()")
@@ -299,7 +325,8 @@ def _checked(impl: Implementation, fn_name: str, fn: Callable) -> Callable:
         if w is None and not impl.handles_no_affine:
             w = torch.ones(n, dtype=x.dtype, device=x.device)
         x2 = _rows(x, n)
-        y, *stats = fn(x2, w, b, eps) if layer else fn(x2, w, eps)
+        with interpreter_env(impl, x.device.type):
+            y, *stats = fn(x2, w, b, eps) if layer else fn(x2, w, eps)
         return (y.reshape(x.shape), *(s.reshape(lead) for s in stats))
 
     def backward(dy, x, weight, stats):
@@ -321,7 +348,8 @@ def _checked(impl: Implementation, fn_name: str, fn: Callable) -> Callable:
             return (dx, dw, zero.clone()) if layer else (dx, dw)
         if not has_w and not impl.handles_no_affine:
             w = torch.ones(n, dtype=x.dtype, device=x.device)
-        dx, dw, *db = fn(_rows(dy, n), _rows(x, n), w, *stats)
+        with interpreter_env(impl, x.device.type):
+            dx, dw, *db = fn(_rows(dy, n), _rows(x, n), w, *stats)
         return (dx.reshape(x.shape), dw if has_w else None, *db)
 
     if fn_name == "rmsnorm_fwd":
