@@ -281,7 +281,7 @@ def _print_rank(rows) -> None:
         if not board:
             continue
         t = Table(title=f"{op} {d} — {sset}, {dt}")
-        for c in ("#", "implementation", "DSL", "frac. of copy BW", "TB/s", "coverage", "vs eager"):
+        for c in ("#", "implementation", "DSL", "frac. of copy BW", "TB/s", "µs", "coverage", "vs eager"):
             t.add_column(c, justify="left" if c in ("implementation", "DSL") else "right")
         for i, r in enumerate(board, 1):
             name = r.impl + (" [dim](external)[/]" if r.external else "")
@@ -289,13 +289,14 @@ def _print_rank(rows) -> None:
                 str(i), name, r.dsl,
                 f"{r.score * 100:.1f}%" if r.score else "–",
                 f"{r.tbps:.2f}" if r.tbps else "–",
+                f"{r.us:.1f}" if r.us else "–",
                 r.coverage,
                 f"{r.speedup:.2f}x" if r.speedup else "–",
             )  # fmt: skip
         con.print(t)
         win = rank.winners(rows, op, d, sset, dt)
         if win:
-            con.print("  winners: " + ", ".join(f"N={w['N']}: {w['best']['impl']}" for w in win))
+            con.print("  winners: " + ", ".join(f"{w['shape']}: {w['best']['impl']}" for w in win))
 
 
 def cmd_rank(a) -> int:

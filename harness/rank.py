@@ -27,6 +27,7 @@ class Ranked:
     attempted: int
     speedup: float | None
     noisy: int
+    us: float | None = None  # geomean time per call, microseconds
 
     @property
     def coverage(self) -> str:
@@ -66,6 +67,7 @@ def leaderboard(rows: list[dict], op: str, direction: str, shape_set: str = "swe
                 len(attempted),
                 speed,
                 sum(1 for r in ok if r.get("noisy")),
+                geomean(r["ms"] * 1e3 for r in ok if r.get("ms")),
             )
         )
     out.sort(key=lambda r: (r.score is None, -(r.score or 0), r.impl))

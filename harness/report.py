@@ -49,8 +49,7 @@ def markdown(meta: dict, rows: list[dict], rel_plots: str | None = "") -> str:
     lines = [
         f"# normbench results — {meta.get('gpu', '?')}",
         "",
-        f"Copy bandwidth measured in this run: **{_f(roof)} TB/s** (device-to-device copy, bytes read + written); "
-        "every fraction below is of that number. Bytes model: fwd = x + y, bwd = x + dy + dx.",
+        _copy_line(meta, roof) + " Bytes model: fwd = x + y, bwd = x + dy + dx.",
         "",
         f"GPU {meta.get('gpu')} (driver {meta.get('driver')}, CUDA {meta.get('cuda')}), torch {meta.get('torch')}, "
         + ", ".join(f"{k} {val}" for k, val in v.items() if val)
@@ -64,10 +63,10 @@ def markdown(meta: dict, rows: list[dict], rel_plots: str | None = "") -> str:
         if not board:
             continue
         lines += [f"## {op} {direction} — {shape_set}, {dtype}", ""]
-        lines += ["| rank | implementation | DSL | geomean frac. of copy BW | geomean TB/s | coverage | speedup vs eager | noisy |", "|---:|---|---|---:|---:|---:|---:|---:|"]
+        lines += ["| rank | implementation | DSL | geomean frac. of copy BW | geomean TB/s | geomean µs | coverage | speedup vs eager | noisy |", "|---:|---|---|---:|---:|---:|---:|---:|---:|"]
         for i, r in enumerate(board, 1):
             pct = _f(r.score * 100 if r.score else None, "{:.1f}%")
-            lines.append(f"| {i} | {_name(r)} | {r.dsl} | {pct} | {_f(r.tbps)} | {r.coverage} | {_f(r.speedup, '{:.2f}x')} | {r.noisy} |")
+            lines.append(f"| {i} | {_name(r)} | {r.dsl} | {pct} | {_f(r.tbps)} | {_f(r.us, '{:.1f}')} | {r.coverage} | {_f(r.speedup, '{:.2f}x')} | {r.noisy} |")
         lines.append("")
         lines += _shape_table(rows, op, direction, shape_set, dtype)
         if rel_plots is not None and shape_set == "sweep":
@@ -81,12 +80,25 @@ def markdown(meta: dict, rows: list[dict], rel_plots: str | None = "") -> str:
     return "\n".join(lines) + "\n"
 
 
+def _copy_line(meta: dict, roof) -> str:
+    runs = [r["copy_bandwidth"]["tbps"] for r in meta.get("runs", []) if r.get("copy_bandwidth")]
+    if len(runs) > 1:
+        each = ", ".join(f"{t:.2f}" for t in runs)
+        return (f"Copy bandwidth (device-to-device copy, bytes read + written), measured at the start of each of the "
+                f"{len(runs)} runs that wrote this report: **{each} TB/s**; every point's fraction is of its own run's.")
+    return (f"Copy bandwidth measured in this run: **{_f(roof)} TB/s** (device-to-device copy, bytes read + written); "
+            "every fraction below is of that number.")
+
+
 def _shape_table(rows, op, direction, shape_set, dtype) -> list[str]:
     sel = [r for r in rows if (r["op"], r["direction"], r["shape_set"], r["dtype"]) == (op, direction, shape_set, dtype)]
     impls = [r.impl for r in rank.leaderboard(rows, op, direction, shape_set, dtype)]
     shapes = sorted({(r["N"], r["M"], r["shape"]) for r in sel})
+    # launch-bound decode shapes read better as time per call than as bandwidth
+    latency = shape_set == "decode"
     head = "| shape (MxN) | " + " | ".join(impls) + " | winner |"
-    out = ["TB/s per shape (bold: fastest; ✗ failed check; ! error; – not run):", "", head, "|---|" + "---:|" * (len(impls) + 1)]
+    what = "µs per call (CUDA-graph replay)" if latency else "TB/s"
+    out = [f"{what} per shape (bold: fastest; ✗ failed check; ! error; – not run):", "", head, "|---|" + "---:|" * (len(impls) + 1)]
     win = {w["shape"]: w["best"]["impl"] for w in rank.winners(rows, op, direction, shape_set, dtype)}
     for _, _, label in shapes:
         cells = []
@@ -99,7 +111,7 @@ def _shape_table(rows, op, direction, shape_set, dtype) -> list[str]:
             elif pt["status"] == "error":
                 cells.append("!")
             else:
-                txt = f"{pt['tbps']:.2f}" + ("~" if pt.get("noisy") else "")
+                txt = (f"{pt['ms'] * 1e3:.1f}" if latency else f"{pt['tbps']:.2f}") + ("~" if pt.get("noisy") else "")
                 cells.append(f"**{txt}**" if win.get(label) == name else txt)
         out.append(f"| {label} | " + " | ".join(cells) + f" | {win.get(label, '–')} |")
     out += ["", "(~ marks a noisy point: its 3 trials disagree by more than 5%.)", ""]
@@ -141,8 +153,10 @@ def plots(meta: dict, rows: list[dict], out_dir: Path) -> list[Path]:
         sel = [r for r in rows if (r["op"], r["direction"], r["shape_set"], r["dtype"]) == (op, direction, shape_set, dtype) and r["status"] == "ok"]
         if not sel:
             continue
-        fig, ax = plt.subplots(figsize=(9, 5.5))
-        for name in sorted({r["impl"] for r in sel}):
+        fig, ax = plt.subplots(figsize=(12, 5.5))
+        names = sorted({r["impl"] for r in sel})
+        ax.set_prop_cycle(color=[plt.cm.tab20(i % 20) for i in range(len(names))])
+        for name in names:
             pts = sorted((r["N"], r["tbps"]) for r in sel if r["impl"] == name)
             ext = sel[[r["impl"] for r in sel].index(name)].get("external")
             ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", ls="--" if ext else "-", label=f"{name}{' (external)' if ext else ''}")
@@ -155,7 +169,7 @@ def plots(meta: dict, rows: list[dict], out_dir: Path) -> list[Path]:
         ax.set_title(f"{op} {direction}, {dtype} — {meta.get('gpu', '')}")
         ax.set_ylim(bottom=0)
         ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize=8, loc="lower left")
+        ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
         fig.tight_layout()
         path = out_dir / f"plot-{op}-{direction}-{dtype}.png"
         fig.savefig(path, dpi=110)
@@ -183,7 +197,7 @@ def update_readme(report_dir: Path, readme: Path = Path("README.md")) -> None:
     keep = []
     skip = False
     for line in md.splitlines()[1:]:
-        if line.startswith("TB/s per shape"):
+        if " per shape (bold" in line:
             skip = True
         if skip and line.startswith("!["):
             skip = False
