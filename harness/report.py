@@ -77,7 +77,34 @@ def markdown(meta: dict, rows: list[dict], rel_plots: str | None = "") -> str:
             lines += [f"- {r['impl']} {r['shape']}: {r['status']} — {(r.get('check') or r.get('reason') or '')[:200]}" for r in failed]
             lines.append("")
     lines += _dsl_section(rows)
+    lines += _llm_section(rows)
     return "\n".join(lines) + "\n"
+
+
+def _llm_section(rows) -> list[str]:
+    """LLM-generated kernels: the verbatim first shot next to the after-fix version, per sample."""
+    from .registry import all_implementations
+
+    names = sorted({r["impl"] for r in rows if str(r.get("dsl", "")).startswith("llm-")})
+    if not names:
+        return []
+    reg = all_implementations()
+    out = ["## LLM-generated kernels: first shot vs after fixes (sweep, bf16)", "",
+           "| implementation | variant | fixes | prompt | fwd: passed, geomean frac. | bwd: passed, geomean frac. |",
+           "|---|---|---:|---|---:|---:|"]  # fmt: skip
+    for name in names:
+        impl = reg.get(name)
+        meta = impl.meta if impl else {}
+        cells = []
+        for d in ("fwd", "bwd"):
+            sel = [r for r in rows if r["impl"] == name and r["direction"] == d and r["shape_set"] == "sweep" and r["dtype"] == "bf16"]
+            ok = [r for r in sel if r["status"] == "ok"]
+            tried = [r for r in sel if r["status"] != "skip"]
+            g = rank.geomean(r.get("frac_roofline") for r in ok)
+            cells.append(f"{len(ok)}/{len(tried)}, {_f(g * 100 if g else None, '{:.1f}%')}")
+        prompt = f"`{impl.prompt}`" if impl and impl.prompt else "–"
+        out.append(f"| {name} | {meta.get('variant', '?')} | {len(meta.get('fixes', []))} | {prompt} | {cells[0]} | {cells[1]} |")
+    return out + ["", "A sample with no fixes is registered once, as its verbatim first shot.", ""]
 
 
 def _copy_line(meta: dict, roof) -> str:
