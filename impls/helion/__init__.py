@@ -1,0 +1,20 @@
+from harness.contract import Implementation, package
+
+IMPLEMENTATIONS = [
+    Implementation(
+        name="helion",
+        dsl="helion",
+        entry="impls.helion.kernels",
+        description=(
+            "Helion tile-first kernels (hl.tile over rows, fp32 row reductions; backward with fp32 "
+            "dweight/dbias partials per row block), one helion.Config pinned per GPU and N bucket"
+        ),
+        devices=("cpu", "cuda"),
+        requires=(package("helion"),),
+        # The kernels pick Helion's eager reference mode for CPU tensors themselves; the harness
+        # setting HELION_INTERPRET=1 before the import is harmless.
+        interpreter="HELION_INTERPRET",
+        sources=("impls/helion/rmsnorm.py", "impls/helion/layernorm.py", "impls/helion/configs.py"),
+        hooks={"tune": "impls.helion.tune:tune", "codegen": "impls.helion.codegen:codegen"},
+    )
+]

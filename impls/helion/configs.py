@@ -1,0 +1,209 @@
+"""Which helion.Config each Helion kernel runs with: pinned per GPU and row length, never autotuned.
+
+Called without a config, Helion autotunes a kernel the first time it sees a shape (minutes). Here
+every call goes through ``launch()``, which binds the kernel to its arguments and runs the function
+``BoundKernel.compile_config(config)`` returns for the pinned config, so no search ever starts.
+
+Where the config comes from (``pinned()``):
+
+1. ``configs.json``, written by ``normbench tune --impl helion`` on a GPU machine (``tune.py``):
+   GPU name (``torch.cuda.get_device_name``) -> entry point ("rmsnorm_bwd") -> dtype -> N bucket ->
+   ``{"kernel": which kernel of the entry point, "config": helion.Config fields}`` (plus
+   ``"first_pass"``, the config of the split backward's first kernel). The N bucket of a row length
+   is the smallest tuned N >= it: a config tuned for shorter rows is no guess for longer ones (whole
+   rows in registers stop fitting). A dtype with no entries of its own borrows those of the other
+   16-bit dtype (same bytes per element) silently, or else of any tuned dtype, with a warning.
+2. ``default_config()`` when configs.json has no bucket for the GPU, entry point and N, with a
+   warning that says so (once per entry point, GPU, dtype and N). It is derived from N alone:
+   whole rows in registers while they fit (forward up to N = 32768, backward up to 16384) with
+   about 16 elements per thread; wider rows loop over 8192-column chunks (forward, and the split
+   backward's row sums), and the split backward's second kernel takes tiles of 128 rows x 1024
+   columns, walked 4 rows at a time.
+
+On the CPU nothing is compiled: ``launch()`` runs the same kernel code in Helion's eager reference
+mode (what HELION_INTERPRET=1 selects; here it is chosen by the tensors' device, so it does not
+matter what the environment said when this package was imported), and configs play no part.
+"""
+
+from __future__ import annotations
+
+import json
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import helion
+import torch
+
+CONFIG_FILE = Path(__file__).with_name("configs.json")
+DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
+SAME_SIZE = {"bf16": "fp16", "fp16": "bf16"}
+
+
+@dataclass(frozen=True)
+class Pinned:
+    kernel: str  # the name of the kernel function (an entry point may have several)
+    config: dict = field(hash=False)  # helion.Config keyword arguments
+    source: str = "default"  # "tuned", "tuned for <dtype>" or "default"
+    # the split backward's first kernel (the per-row sums) has a config of its own
+    first_pass: dict | None = field(default=None, hash=False)
+
+    def helion_config(self) -> helion.Config:
+        return helion.Config(**self.config)
+
+    def entry(self) -> dict:
+        """The configs.json form."""
+        out = {"kernel": self.kernel, "config": self.config}
+        return out if self.first_pass is None else {**out, "first_pass": self.first_pass}
+
+    @staticmethod
+    def from_entry(hit: dict, source: str) -> "Pinned":
+        return Pinned(hit["kernel"], hit["config"], source, hit.get("first_pass"))
+
+
+def _next_pow2(n: int) -> int:
+    return 1 << max(0, n - 1).bit_length()
+
+
+def default_config(entry: str, n: int) -> Pinned:
+    """The documented fallback (see the module docstring), from the row length alone."""
+    op, direction = entry.split("_")
+    width = _next_pow2(n)
+    if direction == "fwd":
+        if width <= 32768:
+            rows = min(64, max(1, 4096 // width))
+            warps = min(16, max(4, rows * width // 512))
+            return Pinned(f"{op}_fwd_kernel", {"block_sizes": [rows], "reduction_loops": [None], "num_warps": warps})
+        return Pinned(f"{op}_fwd_kernel", {"block_sizes": [1], "reduction_loops": [8192], "num_warps": 16})
+    if width <= 16384:
+        rows_per_step = min(64, max(1, 2048 // width))
+        warps = min(16, max(4, rows_per_step * width // 512))
+        return Pinned(f"{op}_bwd_resident", {"block_sizes": [64, rows_per_step], "num_warps": warps})
+    return Pinned(
+        f"{op}_bwd_split",
+        {"block_sizes": [128, 1024, 4], "num_warps": 8},
+        first_pass={"block_sizes": [1], "reduction_loops": [8192], "num_warps": 32},
+    )
+
+
+# ---------------------------------------------------------------- the pinned table
+_TABLE: dict | None = None
+_WARNED: set = set()
+
+
+def table() -> dict:
+    """configs.json's ``gpus`` mapping (loaded once; ``reload()`` after tuning)."""
+    global _TABLE
+    if _TABLE is None:
+        _TABLE = json.loads(CONFIG_FILE.read_text())["gpus"] if CONFIG_FILE.exists() else {}
+    return _TABLE
+
+
+def reload() -> None:
+    global _TABLE
+    _TABLE = None
+    _CHOICE.clear()
+
+
+def bucket(n: int, tuned: list[int]) -> int | None:
+    """The tuned N whose config a row of length n uses: the smallest >= n (None if none is)."""
+    above = [t for t in tuned if t >= n]
+    return min(above) if above else None
+
+
+def pinned(entry: str, n: int, dtype: str, gpu: str) -> Pinned:
+    """The config ``entry`` (e.g. "rmsnorm_bwd") runs with for rows of length n on ``gpu``."""
+    by_dtype = table().get(gpu, {}).get(entry, {})
+    for candidate in (dtype, SAME_SIZE.get(dtype), *sorted(by_dtype)):
+        b = bucket(n, [int(k) for k in by_dtype.get(candidate or "", {})])
+        if b is not None:
+            hit = by_dtype[candidate][str(b)]
+            if candidate in (dtype, SAME_SIZE.get(dtype)):
+                return Pinned.from_entry(hit, "tuned")
+            _warn_once(
+                (entry, gpu, dtype, b),
+                f"helion {entry}: no {dtype} config tuned for {gpu} at N={n}; using the {candidate} one (N bucket {b})",
+            )
+            return Pinned.from_entry(hit, f"tuned for {candidate}")
+    fallback = default_config(entry, n)
+    _warn_once(
+        (entry, gpu, dtype, n),
+        f"helion {entry}: no tuned config for {gpu} ({dtype}, N={n}) in {CONFIG_FILE.name}; "
+        f"using the default config {fallback.config} (run `normbench tune --impl helion` on this GPU)",
+    )
+    return fallback
+
+
+def _warn_once(key, message: str) -> None:
+    if key not in _WARNED:
+        _WARNED.add(key)
+        warnings.warn(message, stacklevel=4)
+
+
+# ---------------------------------------------------------------- launching
+# What to run, per (entry point, dtype, N, device); and per (kernel, config, argument metadata) the
+# callable that runs it: the compiled function, or the eager twin on the CPU. The latter is keyed on
+# exact shapes and strides, at least as fine as Helion's own specialization, so a hit never needs
+# Helion's (slower) bind().
+_CHOICE: dict[tuple, Pinned] = {}
+_COMPILED: dict[tuple, object] = {}
+_EAGER: dict[str, helion.Kernel] = {}
+
+
+def choose(entry: str, x: torch.Tensor) -> Pinned:
+    """The pinned choice for ``entry`` on inputs like ``x`` (M, N)."""
+    key = (entry, x.dtype, x.shape[1], x.device)
+    if key not in _CHOICE:
+        if x.device.type != "cuda":
+            # Eager reference mode runs kernel bodies as PyTorch ops on whole tensors: block sizes
+            # play no part; take the variant the default would.
+            _CHOICE[key] = default_config(entry, x.shape[1])
+        else:
+            gpu = torch.cuda.get_device_name(x.device)
+            _CHOICE[key] = pinned(entry, x.shape[1], DTYPE_NAMES[x.dtype], gpu)
+    return _CHOICE[key]
+
+
+def _arg_key(a):
+    if isinstance(a, torch.Tensor):
+        return (a.dtype, tuple(a.shape), a.stride(), a.device)
+    return a if a is None else type(a)
+
+
+def launch(kernel: helion.Kernel, config: dict, *args):
+    """Run ``kernel`` on ``args`` with ``config`` pinned (compiled on first use, never tuned)."""
+    key = (kernel.name, json.dumps(config, sort_keys=True), *map(_arg_key, args))
+    run = _COMPILED.get(key)
+    if run is None:
+        if args[0].device.type != "cuda":
+            if kernel.name not in _EAGER:
+                _EAGER[kernel.name] = helion.kernel(kernel.fn, static_shapes=False, ref_mode=helion.RefMode.EAGER)
+            run = _EAGER[kernel.name]
+        else:
+            # The compiled function for exactly this config: a BoundKernel is shared by every
+            # config of its specialization, so pinning it (set_config) would not stay put.
+            bound = kernel.bind(args)
+            run = bound.compile_config(fit(config, bound))
+        _COMPILED[key] = run
+    return run(*args)
+
+
+def fit(config: dict, bound) -> helion.Config:
+    """``config`` (tuned for an N bucket) fitted to the bound kernel's own N: a row short enough to
+    need no reduction loop (N = 1) has no ``reduction_loops`` entry to set, for instance."""
+    spec = dict(bound.config_spec.default_config())
+    fitted = {}
+    for key, value in config.items():
+        if isinstance(value, list):
+            if not isinstance(spec.get(key), list):
+                continue
+            value = value[: len(spec[key])]
+        fitted[key] = value
+    return helion.Config(**fitted)
+
+
+def use(entry: str, n: int, dtype: str, gpu: str, choice: Pinned) -> None:
+    """Pin ``choice`` for (entry, N bucket n, dtype, gpu) in this process only (the tuner's hook:
+    it times candidates through the same ``choose()`` and ``launch()`` the contract functions use)."""
+    table().setdefault(gpu, {}).setdefault(entry, {}).setdefault(dtype, {})[str(n)] = choice.entry()
+    _CHOICE.clear()
