@@ -58,6 +58,8 @@ def markdown(meta: dict, rows: list[dict], rel_plots: str | None = "") -> str:
         "Commands: " + "; ".join(f"`{r['command']}`" for r in meta.get("runs", []) if r.get("command")),
         "",
     ]
+    if meta.get("note"):
+        lines += [f"Note: {meta['note']}", ""]
     for op, direction, shape_set, dtype in rank.sections(rows):
         board = rank.leaderboard(rows, op, direction, shape_set, dtype)
         if not board:
