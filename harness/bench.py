@@ -31,7 +31,7 @@ import torch
 
 from . import autograd
 from .checker import run_check
-from .contract import DTYPES, Implementation
+from .contract import DTYPES, Implementation, describe_error
 from .inputs import make_case
 from .roofline import bytes_moved, tbps
 from .shapes import Shape
@@ -272,8 +272,7 @@ def measure_point(impl: Implementation, op, direction, set_name, shape: Shape, d
         p.status = "ok"
     except Exception as e:  # one failing implementation never stops the run
         p.status = "error"
-        msg = str(e).strip().splitlines()[0] if str(e).strip() else ""
-        p.reason = f"{type(e).__name__}: {msg}"[:400]
+        p.reason = describe_error(e)
         if isinstance(e, torch.cuda.OutOfMemoryError):
             torch.cuda.empty_cache()
         if os.environ.get("NORMBENCH_DEBUG"):

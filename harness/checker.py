@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 from . import reference
-from .contract import DTYPE_NAMES, DTYPES, Implementation
+from .contract import DTYPE_NAMES, DTYPES, Implementation, describe_error
 from .inputs import make_case
 from .shapes import Shape
 from .tolerances import allowed_error, ulp
@@ -152,7 +152,7 @@ def run_check(
         res.status = "pass" if all(t.passed for t in res.tensors) else "fail"
     except Exception as e:  # a crashing kernel is a result, not the end of the run
         res.status = "error"
-        res.error = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"[:500]
+        res.error = describe_error(e, 500)
         res.tensors = []
         if isinstance(e, torch.cuda.OutOfMemoryError):
             torch.cuda.empty_cache()

@@ -230,6 +230,12 @@ def _load_raw(impl: Implementation, device: str):
     return raw
 
 
+def describe_error(e: BaseException, limit: int = 400) -> str:
+    """'ExceptionType: first line of the message': how a failed point is recorded in a report."""
+    lines = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {lines[0] if lines else ''}"[:limit]
+
+
 # ---------------------------------------------------------------- input validation
 def _is_tensor(t, what: str):
     if not isinstance(t, torch.Tensor):

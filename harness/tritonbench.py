@@ -48,7 +48,7 @@ import torch
 
 from . import autograd, reference
 from .checker import compare
-from .contract import DTYPE_NAMES, Implementation
+from .contract import DTYPE_NAMES, Implementation, describe_error
 from .roofline import bytes_moved
 
 log = logging.getLogger("normbench.tritonbench")
@@ -110,8 +110,7 @@ def load_tritonbench() -> TritonBench:
 
 
 def _one_line(e: BaseException) -> str:
-    text = str(e).strip().splitlines()
-    return f"{type(e).__name__}: {text[0] if text else ''}"
+    return describe_error(e, 10_000)
 
 
 # ---------------------------------------------------------------- the operators' inputs
