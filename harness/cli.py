@@ -216,7 +216,7 @@ def cmd_check(a) -> int:
     for name, why in skipped.items():
         con.print(f"[yellow]skipped[/] {name}: {why}")
     bad = [(s, r) for s, r in results if r.status in ("fail", "error")]
-    for sname, r in bad[:50]:
+    for _, r in bad[:50]:
         con.print(f"[red]{r.status.upper()}[/] {r.impl} {r.op} {r.direction} {r.dtype} {r.shape}: {r.summary()}")
     if len(bad) > 50:
         con.print(f"... and {len(bad) - 50} more")

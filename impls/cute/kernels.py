@@ -104,17 +104,21 @@ class Launch:
         return max(self.threads_per_row // 32, 1)
 
 
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
 def launch_shape(n: int, elem_bytes: int, vec: int, direction: str = "fwd") -> Launch:
     cluster_n = 1
     while n * elem_bytes > _MAX_CHUNK_BYTES * cluster_n and cluster_n < _MAX_CLUSTER:
         cluster_n *= 2
-    chunk_vecs = -(-(n // vec) // cluster_n)
-    tpr = min(512, 1 << max(0, math.ceil(math.log2(max(1, -(-chunk_vecs // _VECS_PER_THREAD[direction]))))))
-    vpt = -(-chunk_vecs // tpr)
+    chunk_vecs = _cdiv(n // vec, cluster_n)
+    tpr = min(512, 1 << max(0, math.ceil(math.log2(max(1, _cdiv(chunk_vecs, _VECS_PER_THREAD[direction]))))))
+    vpt = _cdiv(chunk_vecs, tpr)
     # Cluster peers each need a distinct, non-empty slice of the row.
     while cluster_n > 1 and (cluster_n - 1) * vec * tpr * vpt >= n:
         cluster_n //= 2
-        vpt = -(-(-(-(n // vec) // cluster_n)) // tpr)
+        vpt = _cdiv(_cdiv(n // vec, cluster_n), tpr)
     return Launch(vec, tpr, max(128, tpr), cluster_n, vpt)
 
 
@@ -633,7 +637,7 @@ def _backward(op, dy, x, weight, rstd, mean):
     launch = kernel.launch
     if key not in _RESIDENT:
         _RESIDENT[key] = max_resident(fn, kernel, _num_sms(x.device.index or 0))
-    groups = max(1, min(-(-m // launch.rows_per_cta), _RESIDENT[key]))
+    groups = max(1, min(_cdiv(m, launch.rows_per_cta), _RESIDENT[key]))
     slots = groups * launch.rows_per_cta
     dwp = torch.empty((slots, n), dtype=torch.float32, device=x.device) if weight is not None else None
     dbp = torch.empty((slots, n), dtype=torch.float32, device=x.device) if op == "layernorm" else None

@@ -8,7 +8,6 @@ and its LayerNorm backward takes the statistics in x's dtype, the same formulas 
 """
 
 import torch
-import torch.nn.functional as F
 
 aten = torch.ops.aten
 
