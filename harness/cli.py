@@ -252,6 +252,7 @@ def cmd_bench(a) -> int:
     dtypes = _split(a.dtype or "bf16", tuple(DTYPES), "dtype")
     sets = _shape_sets(a.shapes or "sweep,decode", "cuda")
     impls = select(a.impl)
+    profile_ns = _ints(a.profile_n, "--profile-n") if a.profile else None
     out = Path(a.out) if a.out else default_out_dir(torch.cuda.get_device_name(0))
     command = "normbench " + " ".join(shlex.quote(x) for x in sys.argv[1:])
     from .bench import CudaTimer
@@ -264,9 +265,39 @@ def cmd_bench(a) -> int:
     _print_rank(rows)
     print(f"wrote {out}/results.jsonl, {written['report']}, {written['csv']} and {len(written['plots'])} plots")
     if a.profile:
-        from .profile import profile_best
+        from .profile import profile
 
-        profile_best(out)
+        profile(out, ns=profile_ns, ops=ops, directions=dirs)
+        report.write_report(out)
+    return 0
+
+
+def _ints(value: str, what: str) -> list[int]:
+    try:
+        out = [int(v) for v in value.split(",") if v.strip()]
+    except ValueError:
+        raise UsageError(f"{what} takes comma-separated integers, got '{value}'") from None
+    if not out or min(out) < 1:
+        raise UsageError(f"{what} takes comma-separated positive integers, got '{value}'")
+    return out
+
+
+def cmd_profile(a) -> int:
+    import torch
+
+    from . import report
+    from .profile import DEFAULT_NS, profile
+
+    if not torch.cuda.is_available():
+        raise UsageError("normbench profile needs a CUDA GPU and none is available here")
+    out = Path(a.dir) if a.dir else report.newest_report(Path(a.reports))
+    ops = _split(a.op, OPS, "op") if a.op else None
+    dirs = _split(a.direction, ("fwd", "bwd", "fwdbwd"), "direction") if a.direction else None
+    ns = _ints(a.n, "--n") if a.n else list(DEFAULT_NS)
+    result = profile(out, ns=ns, impl=a.impl, ops=ops, directions=dirs, dtype=a.dtype, timeout_s=a.timeout)
+    report.write_report(out)
+    failed = [p for p in result["points"] if p.get("error")]
+    print(f"wrote {out}/profile.json ({len(result['points'])} points, {len(failed)} without counters) and {out}/report.md")
     return 0
 
 
@@ -414,7 +445,8 @@ def build_parser() -> argparse.ArgumentParser:
     common(s, ("fwd", "bwd", "fwdbwd"))
     s.add_argument("--out", help="report folder (default: reports/<gpu>/<date>)")
     s.add_argument("--resume", action="store_true", help="skip points already in the folder's results.jsonl")
-    s.add_argument("--profile", action="store_true", help="Nsight Compute counters for the best of each DSL")
+    s.add_argument("--profile", action="store_true", help="then `normbench profile` the folder (Nsight Compute counters)")
+    s.add_argument("--profile-n", default="4096,16384,262144", help="row lengths N that --profile measures (default: 4096,16384,262144)")
     s.add_argument("--rep-ms", type=int, default=100, help="time budget of each trial's repetitions (do_bench rep)")
     s.add_argument("--warmup-ms", type=int, default=25, help="warm-up of each trial (do_bench warmup)")
     s.set_defaults(fn=cmd_bench)
@@ -430,6 +462,17 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--update-readme", action="store_true", help="regenerate the README's leaderboard section")
     s.add_argument("--readme", default="README.md")
     s.set_defaults(fn=cmd_report)
+
+    s = sub.add_parser("profile", help="Nsight Compute counters for benchmarked points: DRAM bytes vs the bytes model (GPU)")
+    s.add_argument("dir", nargs="?", help="benchmark folder (default: the newest)")
+    s.add_argument("--reports", default="reports")
+    s.add_argument("--impl", help="glob(s) over implementation names or DSLs (default: the best of each DSL)")
+    s.add_argument("--op", help="rmsnorm, layernorm or both (comma-separated)")
+    s.add_argument("--direction", help="fwd, bwd, fwdbwd (comma-separated)")
+    s.add_argument("--n", help="row lengths N of the sweep points to profile (default: 4096,16384,262144)")
+    s.add_argument("--dtype", default="bf16", choices=tuple(DTYPES))
+    s.add_argument("--timeout", type=float, default=300, help="seconds per point before ncu is stopped")
+    s.set_defaults(fn=cmd_profile)
 
     s = sub.add_parser("tune", help="offline tuning for implementations that pin configs (GPU)")
     s.add_argument("--impl", required=True)

@@ -1,9 +1,21 @@
-"""`normbench bench --profile`: Nsight Compute counters behind the roofline fractions.
+"""`normbench profile` (and `normbench bench --profile`): Nsight Compute counters behind the
+roofline fractions of a benchmark folder.
 
-For each op x direction, the best implementation of each DSL at one sweep shape is run once more in
-a child process under ``ncu --clock-control none`` (the clocks are left as found), profiling only
-the region between cudaProfilerStart/Stop. DRAM throughput (% of peak) and achieved occupancy are
-recorded per kernel and, weighted by kernel duration, per point into ``profile.json``.
+The question a fraction of copy bandwidth leaves open is *why*: does the kernel move more bytes
+than the bytes model (x read twice because a row did not fit on chip, a partial buffer, spills to
+local memory), or the right bytes too slowly (occupancy, latency, a tail)? The counters answer it:
+
+    dram_over_model = (DRAM bytes read + written, all kernels of one call) / bytes model (x + y, or x + dy + dx)
+    dram_tbps       = those DRAM bytes / the kernels' summed duration
+
+A point with ``dram_over_model`` near 1.0 reads each tensor once; 1.5 for a backward means x and dy
+were read twice. Each point is measured once more in a child process under
+``ncu --clock-control none`` (the clocks are left as found; ncu replays the kernel per metric group
+with caches flushed), profiling only the region between cudaProfilerStart/Stop around one call.
+Points are taken from the folder's ``results.jsonl`` (sweep, passed): by default the best
+implementation of each DSL, externals included, at the sweep shapes with the given N. Results are
+merged into ``profile.json`` (keyed by implementation, op, direction, shape, dtype) and shown by
+``normbench report`` as a table.
 """
 
 from __future__ import annotations
@@ -11,24 +23,33 @@ from __future__ import annotations
 import csv
 import io
 import json
+import os
 import shutil
 import subprocess
 import sys
+from fnmatch import fnmatch
 from pathlib import Path
 
 from . import rank
 from .bench import load_results
 
-PROFILE_N = 4096
-METRICS = (
-    "gpu__time_duration.sum",
-    "dram__throughput.avg.pct_of_peak_sustained_elapsed",
-    "sm__warps_active.avg.pct_of_peak_sustained_active",
-)
+DEFAULT_NS = (4096, 16384, 262144)
+# name in profile.json -> ncu metric. Units are asked for in base units (bytes, ns) so no scaling
+# ("Mbyte", "usecond") has to be undone.
+METRICS = {
+    "time_ns": "gpu__time_duration.sum",
+    "dram_read_bytes": "dram__bytes_read.sum",
+    "dram_write_bytes": "dram__bytes_write.sum",
+    "dram_pct_of_peak": "dram__throughput.avg.pct_of_peak_sustained_elapsed",
+    "l2_hit_pct": "lts__t_sector_hit_rate.pct",
+    "warps_active_pct": "sm__warps_active.avg.pct_of_peak_sustained_active",
+    "registers_per_thread": "launch__registers_per_thread",
+}
+PROFILE_FILE = "profile.json"
 
 
 def run_one(impl_name: str, op: str, direction: str, shape_label: str, dtype: str) -> None:
-    """Child process body: warm up, then one profiled call."""
+    """Child process body: warm up (JIT, autotune caches, allocator), then one profiled call."""
     import torch
 
     from . import autograd
@@ -49,50 +70,156 @@ def run_one(impl_name: str, op: str, direction: str, shape_label: str, dtype: st
     torch.cuda.cudart().cudaProfilerStop()
 
 
-def _parse(csv_text: str) -> list[dict]:
-    lines = [ln for ln in csv_text.splitlines() if ln.startswith('"')]
+def find_ncu() -> str | None:
+    found = shutil.which("ncu")
+    if found:
+        return found
+    installed = sorted(Path("/opt/nvidia").glob("nsight-compute/*/ncu")) + sorted(Path("/usr/local").glob("cuda*/bin/ncu"))
+    return str(installed[-1]) if installed else None
+
+
+def parse_ncu_csv(text: str) -> list[dict]:
+    """One dict per profiled kernel launch from ``ncu --csv --print-units base`` output (its
+    'details' page: one row per kernel x metric, other lines are ncu's and the program's chatter)."""
+    lines = [ln for ln in text.splitlines() if ln.startswith('"')]
+    by_metric = {v: k for k, v in METRICS.items()}
     kernels: dict = {}
     for row in csv.DictReader(io.StringIO("\n".join(lines))):
         kid = (row.get("ID"), row.get("Kernel Name"))
-        entry = kernels.setdefault(kid, {"kernel": row.get("Kernel Name", "")[:120]})
+        entry = kernels.setdefault(kid, {"kernel": (row.get("Kernel Name") or "")[:120], "grid": row.get("Grid Size"), "block": row.get("Block Size")})
+        name = by_metric.get(row.get("Metric Name", ""))
+        if name is None:
+            continue
         try:
-            entry[row["Metric Name"]] = float(row["Metric Value"].replace(",", ""))
+            entry[name] = float(row["Metric Value"].replace(",", ""))
         except (KeyError, ValueError):
             pass
     return list(kernels.values())
 
 
-def profile_best(report_dir: Path, n: int = PROFILE_N) -> dict:
-    ncu = shutil.which("ncu") or next(iter(Path("/opt/nvidia").glob("nsight-compute/*/ncu")), None)
-    out_path = Path(report_dir) / "profile.json"
-    rows = load_results(Path(report_dir) / "results.jsonl")
-    if ncu is None:
-        result = {"error": "ncu (Nsight Compute) not found on this machine"}
-        out_path.write_text(json.dumps(result, indent=2))
-        print(result["error"])
-        return result
-    result = {"ncu": str(ncu), "points": []}
-    for op, direction, sset, dtype in rank.sections(rows):
-        if sset != "sweep":
+def summarize(kernels: list[dict], bytes_model: int) -> dict:
+    """Per-point totals: DRAM bytes against the bytes model, duration-weighted percentages."""
+    time_ns = sum(k.get("time_ns", 0.0) for k in kernels)
+    dram = sum(k.get("dram_read_bytes", 0.0) + k.get("dram_write_bytes", 0.0) for k in kernels)
+    out = {
+        "kernels": len(kernels),
+        "time_us": time_ns / 1e3 if time_ns else None,
+        "dram_bytes": dram,
+        "dram_over_model": dram / bytes_model if bytes_model else None,
+        "dram_tbps": dram / time_ns / 1e3 if time_ns else None,
+    }
+    for name in ("dram_pct_of_peak", "l2_hit_pct", "warps_active_pct"):
+        weighted = [(k[name], k.get("time_ns", 0.0)) for k in kernels if name in k]
+        total = sum(t for _, t in weighted)
+        out[name] = sum(v * t for v, t in weighted) / total if total else None
+    regs = [k["registers_per_thread"] for k in kernels if "registers_per_thread" in k]
+    out["max_registers_per_thread"] = max(regs) if regs else None
+    return out
+
+
+def select_points(rows: list[dict], ns, impl: str | None = None, ops=None, directions=None, dtype: str = "bf16") -> list[dict]:
+    """The benchmark rows to profile: passed sweep points at the given N, of the implementations
+    matching ``impl`` (comma-separated globs over names or DSLs), or else of the best
+    implementation of each DSL for that op and direction."""
+    ok = [r for r in rows if r["shape_set"] == "sweep" and r["status"] == "ok" and r["dtype"] == dtype and r["N"] in ns]
+    chosen = []
+    for op, direction, sset, dt in rank.sections(rows):
+        if sset != "sweep" or dt != dtype or (ops and op not in ops) or (directions and direction not in directions):
             continue
-        for dsl, best in rank.by_dsl(rows, op, direction, sset, dtype).items():
-            pt = next((r for r in rows if r["impl"] == best.impl and r["op"] == op and r["direction"] == direction and r["N"] == n and r["status"] == "ok" and r["dtype"] == dtype), None)
-            if pt is None:
-                continue
-            cmd = [str(ncu), "--clock-control", "none", "--profile-from-start", "off", "--csv", "--metrics", ",".join(METRICS),
-                   sys.executable, "-c", f"from harness.profile import run_one; run_one({best.impl!r}, {op!r}, {direction!r}, {pt['shape']!r}, {dtype!r})"]  # fmt: skip
-            try:
-                proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-                kernels = _parse(proc.stdout)
-                total = sum(k.get(METRICS[0], 0.0) for k in kernels) or 1.0
-                entry = {"impl": best.impl, "dsl": dsl, "op": op, "direction": direction, "shape": pt["shape"], "tbps": pt["tbps"], "kernels": kernels}
-                for m, name in ((METRICS[1], "dram_pct"), (METRICS[2], "occupancy_pct")):
-                    entry[name] = sum(k.get(m, 0.0) * k.get(METRICS[0], 0.0) for k in kernels) / total if kernels else None
-                if not kernels:
-                    entry["error"] = (proc.stderr or proc.stdout)[-400:]
-            except Exception as e:
-                entry = {"impl": best.impl, "op": op, "direction": direction, "error": f"{type(e).__name__}: {e}"}
-            result["points"].append(entry)
-            print(f"profiled {best.impl} {op} {direction} {pt['shape']}: DRAM {entry.get('dram_pct')}% occupancy {entry.get('occupancy_pct')}%")
-    out_path.write_text(json.dumps(result, indent=2))
+        if impl:
+            globs = [g.strip() for g in impl.split(",") if g.strip()]
+            names = {r["impl"] for r in ok if any(fnmatch(r["impl"], g) or fnmatch(str(r.get("dsl", "")), g) for g in globs)}
+        else:
+            names = {b.impl for b in rank.by_dsl(rows, op, direction, sset, dtype).values()}
+        chosen += sorted((r for r in ok if r["op"] == op and r["direction"] == direction and r["impl"] in names), key=lambda r: (r["N"], r["impl"]))
+    return chosen
+
+
+def _key(p: dict) -> tuple:
+    return (p["impl"], p["op"], p["direction"], p["shape"], p["dtype"])
+
+
+def profile_point(ncu: str, row: dict, timeout_s: float = 300) -> dict:
+    entry = {k: row[k] for k in ("impl", "dsl", "op", "direction", "shape", "N", "dtype", "tbps", "frac_roofline", "bytes_main", "bytes_extra")}
+    child = f"from harness.profile import run_one; run_one({row['impl']!r}, {row['op']!r}, {row['direction']!r}, {row['shape']!r}, {row['dtype']!r})"
+    cmd = [ncu, "--clock-control", "none", "--profile-from-start", "off", "--csv", "--print-units", "base",
+           "--metrics", ",".join(METRICS.values()), sys.executable, "-c", child]  # fmt: skip
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    except subprocess.TimeoutExpired:
+        return {**entry, "error": f"ncu did not finish in {timeout_s:.0f} s"}
+    except OSError as e:
+        return {**entry, "error": f"could not start ncu: {e}"}
+    kernels = parse_ncu_csv(proc.stdout)
+    if not kernels:
+        tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
+        return {**entry, "error": f"no kernel profiled (exit {proc.returncode}): " + " | ".join(tail)[-300:]}
+    return {**entry, **summarize(kernels, row["bytes_main"]), "per_kernel": kernels}
+
+
+def profile(report_dir: Path, ns=DEFAULT_NS, impl: str | None = None, ops=None, directions=None, dtype: str = "bf16", timeout_s: float = 300) -> dict:
+    """Profile the selected points of ``report_dir`` and merge them into its profile.json."""
+    from rich.progress import Progress
+
+    report_dir = Path(report_dir)
+    out_path = report_dir / PROFILE_FILE
+    rows = load_results(report_dir / "results.jsonl")
+    if not rows:
+        raise ValueError(f"{report_dir} has no results.jsonl to profile (run `normbench bench` first)")
+    points = select_points(rows, set(ns), impl, ops, directions, dtype)
+    if not points:
+        raise ValueError(f"no passed sweep point in {report_dir} matches N in {sorted(ns)}" + (f" and --impl {impl}" if impl else ""))
+    ncu = find_ncu()
+    if ncu is None:
+        raise ValueError("ncu (Nsight Compute) not found on this machine: install it or put it on PATH")
+    old = json.loads(out_path.read_text()) if out_path.exists() else {}
+    merged = {_key(p): p for p in old.get("points", [])}
+    with Progress(transient=True) as bar:
+        task = bar.add_task("ncu", total=len(points))
+        for row in points:
+            bar.update(task, description=f"ncu {row['impl']} {row['op']} {row['direction']} {row['shape']}")
+            entry = profile_point(ncu, row, timeout_s)
+            merged[_key(entry)] = entry
+            bar.advance(task)
+            bar.console.print(line(entry))
+    result = {"ncu": ncu, "metrics": METRICS, "points": sorted(merged.values(), key=lambda p: (p["op"], p["direction"], p["N"], p["impl"]))}
+    out_path.write_text(json.dumps(result, indent=1) + "\n")
     return result
+
+
+def _f(x, fmt):
+    return "–" if x is None else fmt.format(x)
+
+
+def line(p: dict) -> str:
+    head = f"{p['impl']} {p['op']} {p['direction']} {p['shape']}"
+    if p.get("error"):
+        return f"{head}: {p['error']}"
+    return (f"{head}: {p['kernels']} kernel(s), DRAM {_f(p['dram_over_model'], '{:.2f}')}x the bytes model at "
+            f"{_f(p['dram_tbps'], '{:.2f}')} TB/s, L2 hit {_f(p['l2_hit_pct'], '{:.0f}')}%, "
+            f"warps active {_f(p['warps_active_pct'], '{:.0f}')}%, regs {_f(p['max_registers_per_thread'], '{:.0f}')}")
+
+
+def markdown(report_dir: Path) -> list[str]:
+    """The report's counter table, or nothing when the folder has no profile.json."""
+    path = Path(report_dir) / PROFILE_FILE
+    if not path.exists():
+        return []
+    points = json.loads(path.read_text()).get("points", [])
+    if not points:
+        return []
+    out = ["## Hardware counters (Nsight Compute, one call per point, `normbench profile`)", "",
+           "DRAM / model = DRAM bytes read + written by all kernels of one call over the bytes model "
+           "(fwd x + y, bwd x + dy + dx): 1.00 means every tensor moved once. Timed TB/s is the benchmark's.", "",
+           "| op | dir | shape | implementation | kernels | timed TB/s | DRAM / model | DRAM TB/s | L2 hit | warps active | regs/thread |",
+           "|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
+    for p in points:
+        if p.get("error"):
+            out.append(f"| {p['op']} | {p['direction']} | {p['shape']} | {p['impl']} | – | {_f(p.get('tbps'), '{:.2f}')} | {p['error'][:80]} | | | | |")
+            continue
+        out.append(
+            f"| {p['op']} | {p['direction']} | {p['shape']} | {p['impl']} | {p['kernels']} | {_f(p.get('tbps'), '{:.2f}')} | "
+            f"{_f(p['dram_over_model'], '{:.2f}')} | {_f(p['dram_tbps'], '{:.2f}')} | {_f(p['l2_hit_pct'], '{:.0f}%')} | "
+            f"{_f(p['warps_active_pct'], '{:.0f}%')} | {_f(p['max_registers_per_thread'], '{:.0f}')} |"
+        )
+    return out + [""]

@@ -212,7 +212,9 @@ def write_report(report_dir: Path) -> dict:
     meta, rows = load(report_dir)
     write_csv(rows, report_dir / "results.csv")
     pngs = plots(meta, rows, report_dir)
-    (report_dir / "report.md").write_text(markdown(meta, rows))
+    from .profile import markdown as counters
+
+    (report_dir / "report.md").write_text(markdown(meta, rows) + "\n".join(counters(report_dir)))
     return {"report": report_dir / "report.md", "csv": report_dir / "results.csv", "plots": pngs}
 
 
