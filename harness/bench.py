@@ -311,8 +311,12 @@ def run_bench(
 
         copy_bandwidth = measure_copy_bandwidth()
     runs = meta.get("runs", [])
-    runs.append({"command": command, "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "copy_bandwidth": copy_bandwidth})
-    meta.update(environment(device))
+    env = environment(device)
+    run_index = len(runs)
+    # per run, so a folder that several runs (or `normbench merge`) wrote says which code measured which point
+    runs.append({"command": command, "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "copy_bandwidth": copy_bandwidth,
+                 "git_commit": env["git_commit"], "torch": env["torch"], "versions": env["versions"]})  # fmt: skip
+    meta.update(env)
     meta["runs"] = runs
     meta["copy_bandwidth_tbps"] = copy_bandwidth["tbps"]
     meta["method"] = {"trials": TRIALS, "noisy_spread": NOISY_SPREAD, "graph_calls": GRAPH_CALLS, "graph_shape_sets": GRAPH_SHAPE_SETS}
@@ -334,12 +338,41 @@ def run_bench(
             p = measure_point(impl, op, direction, set_name, shape, dtype, device, timer)
             if p.tbps is not None and roof:
                 p.frac_roofline = p.tbps / roof
-            fh.write(json.dumps(asdict(p)) + "\n")
+            fh.write(json.dumps({**asdict(p), "run": run_index}) + "\n")
             fh.flush()
             bar.advance(task)
     meta["finished"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     meta_path.write_text(json.dumps(meta, indent=2))
     return load_results(results_path)
+
+
+def merge_results(dest: Path, sources: list[Path], commit: str | None = None) -> list[dict]:
+    """Fold benchmark folders measured elsewhere (another session, a re-run of one implementation)
+    into ``dest``: their runs are appended to ``dest``'s, and each of their points replaces the point
+    with the same key (implementation, op, direction, shape, dtype) in ``dest``. Points keep their
+    own run's copy bandwidth, so every fraction stays the one measured next to it. ``commit`` names
+    the code a source measured where its meta does not (a tree copied without git history)."""
+    dest = Path(dest)
+    meta_path, results_path = dest / "meta.json", dest / "results.jsonl"
+    if not results_path.exists() or not meta_path.exists():
+        raise ValueError(f"{dest} is not a benchmark folder (no results.jsonl and meta.json)")
+    meta, rows = json.loads(meta_path.read_text()), load_results(results_path)
+    for src in map(Path, sources):
+        if not (src / "results.jsonl").exists() or not (src / "meta.json").exists():
+            raise ValueError(f"{src} is not a benchmark folder (no results.jsonl and meta.json)")
+        smeta, srows = json.loads((src / "meta.json").read_text()), load_results(src / "results.jsonl")
+        if smeta.get("gpu") != meta.get("gpu"):
+            raise ValueError(f"{src} was measured on {smeta.get('gpu')!r}, {dest} on {meta.get('gpu')!r}: results of different GPUs are never merged")
+        offset = len(meta.get("runs", []))
+        sruns = smeta.get("runs", [])
+        meta["runs"] = meta.get("runs", []) + [{**r, "git_commit": r.get("git_commit") or smeta.get("git_commit") or commit, "merged_from": str(src)} for r in sruns]
+        for r in srows:
+            r["run"] = offset + r.get("run", len(sruns) - 1)
+        new = {point_key(r) for r in srows}
+        rows = [r for r in rows if point_key(r) not in new] + srows
+    results_path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    meta_path.write_text(json.dumps(meta, indent=2))
+    return rows
 
 
 def default_out_dir(gpu: str) -> Path:

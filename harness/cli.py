@@ -282,6 +282,16 @@ def _ints(value: str, what: str) -> list[int]:
     return out
 
 
+def cmd_merge(a) -> int:
+    from . import report
+    from .bench import merge_results
+
+    rows = merge_results(Path(a.dest), [Path(p) for p in a.sources], commit=a.commit)
+    written = report.write_report(Path(a.dest))
+    print(f"merged {len(a.sources)} folder(s) into {a.dest}: {len(rows)} points; wrote {written['report']}")
+    return 0
+
+
 def cmd_profile(a) -> int:
     import torch
 
@@ -462,6 +472,12 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--update-readme", action="store_true", help="regenerate the README's leaderboard section")
     s.add_argument("--readme", default="README.md")
     s.set_defaults(fn=cmd_report)
+
+    s = sub.add_parser("merge", help="fold other benchmark folders of the same GPU into one (their points replace same-key points)")
+    s.add_argument("dest", help="the benchmark folder to update")
+    s.add_argument("sources", nargs="+", help="benchmark folders to fold in, oldest first")
+    s.add_argument("--commit", help="the commit whose code the sources measured, where their meta.json records none")
+    s.set_defaults(fn=cmd_merge)
 
     s = sub.add_parser("profile", help="Nsight Compute counters for benchmarked points: DRAM bytes vs the bytes model (GPU)")
     s.add_argument("dir", nargs="?", help="benchmark folder (default: the newest)")

@@ -55,7 +55,9 @@ def markdown(meta: dict, rows: list[dict], rel_plots: str | None = "") -> str:
         + ", ".join(f"{k} {val}" for k, val in v.items() if val)
         + f"; commit `{meta.get('git_commit')}`.",
         "",
-        "Commands: " + "; ".join(f"`{r['command']}`" for r in meta.get("runs", []) if r.get("command")),
+        "Runs that wrote this folder (each point in `results.jsonl` names its run where recorded):",
+        "",
+        *_run_lines(meta),
         "",
     ]
     if meta.get("note"):
@@ -107,6 +109,15 @@ def _llm_section(rows) -> list[str]:
         prompt = f"`{impl.prompt}`" if impl and impl.prompt else "–"
         out.append(f"| {name} | {meta.get('variant', '?')} | {len(meta.get('fixes', []))} | {prompt} | {cells[0]} | {cells[1]} |")
     return out + ["", "A sample with no fixes is registered once, as its verbatim first shot.", ""]
+
+
+def _run_lines(meta: dict) -> list[str]:
+    out = []
+    for i, r in enumerate(meta.get("runs", [])):
+        copy = (r.get("copy_bandwidth") or {}).get("tbps")
+        facts = [f"commit `{r['git_commit']}`" if r.get("git_commit") else None, f"copy {copy:.2f} TB/s" if copy else None, r.get("started")]
+        out.append(f"{i}. `{r.get('command') or '?'}` ({', '.join(f for f in facts if f)})")
+    return out
 
 
 def _copy_line(meta: dict, roof) -> str:

@@ -130,8 +130,50 @@ def test_readme_leaderboard_is_regenerated(tmp_path):
     (d / "results.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
     (d / "meta.json").write_text(json.dumps({"gpu": "Fake GPU", "copy_bandwidth_tbps": 4.0}))
     readme = tmp_path / "README.md"
-    readme.write_text("intro\n<!-- leaderboard:start -->\nold\n<!-- leaderboard:end -->\nrest\n")
+    readme.write_text("intro\n<!-- leaderboard:start -->\nSTALE-TABLE\n<!-- leaderboard:end -->\nrest\n")
     report.update_readme(d, readme)
     text = readme.read_text()
-    assert "old" not in text and "ext (external)" in text and text.startswith("intro") and text.endswith("rest\n")
+    assert "STALE-TABLE" not in text and "ext (external)" in text and text.startswith("intro") and text.endswith("rest\n")
     assert report.newest_report(tmp_path / "reports") == d
+
+
+def test_merge_replaces_points_and_keeps_each_runs_provenance(tmp_path, monkeypatch, capsys):
+    from harness.bench import merge_results
+    from harness.cli import main
+
+    monkeypatch.setenv("NORMBENCH_COMMIT", "aaaa")
+    eager = get("eager")
+    shapes = [("sweep", (Shape((64, 256)), Shape((16, 1024))))]
+    main_dir, redo = tmp_path / "main", tmp_path / "redo"
+    run_bench([eager], ["rmsnorm"], ["fwd", "bwd"], shapes, ["bf16"], main_dir, device="cpu", timer=_timer_for("eager", 2.0), copy_bandwidth={"tbps": 0.001}, progress=False)
+    monkeypatch.setenv("NORMBENCH_COMMIT", "bbbb")
+    run_bench([eager], ["rmsnorm"], ["bwd"], shapes[:1], ["bf16"], redo, device="cpu", timer=_timer_for("eager", 1.0), copy_bandwidth={"tbps": 0.002}, progress=False)
+    assert all(r["run"] == 0 for r in load_results(redo / "results.jsonl"))
+
+    rows = merge_results(main_dir, [redo])
+    assert len(rows) == 4 and len({(r["direction"], r["shape"]) for r in rows}) == 4  # replaced, not duplicated
+    by = {(r["direction"], r["shape"]): r for r in rows}
+    assert by[("bwd", "64x256")]["ms"] == 1.0 and by[("bwd", "64x256")]["run"] == 1  # the re-run's point, its run
+    assert by[("fwd", "64x256")]["ms"] == 2.0 and by[("fwd", "64x256")]["run"] == 0
+    meta = json.loads((main_dir / "meta.json").read_text())
+    assert [r["git_commit"] for r in meta["runs"]] == ["aaaa", "bbbb"] and meta["runs"][1]["merged_from"] == str(redo)
+    # each point keeps the fraction of its own run's copy bandwidth
+    assert by[("bwd", "64x256")]["frac_roofline"] == pytest.approx(by[("bwd", "64x256")]["tbps"] / 0.002)
+
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "results.jsonl").write_text("")
+    (other / "meta.json").write_text(json.dumps({"gpu": "NVIDIA H100 80GB HBM3", "runs": []}))
+    with pytest.raises(ValueError, match="different GPUs"):
+        merge_results(main_dir, [other])
+    assert main(["merge", str(main_dir), str(tmp_path / "nowhere")]) == 2
+    assert "not a benchmark folder" in capsys.readouterr().err
+    assert main(["merge", str(main_dir), str(redo)]) == 0
+    md = (main_dir / "report.md").read_text()
+    assert "commit `aaaa`" in md and "commit `bbbb`" in md
+
+
+def _timer_for(name, ms):
+    t = FakeTimer({name: ms})
+    t.current = name
+    return t
