@@ -351,7 +351,9 @@ def merge_results(dest: Path, sources: list[Path], commit: str | None = None) ->
     into ``dest``: their runs are appended to ``dest``'s, and each of their points replaces the point
     with the same key (implementation, op, direction, shape, dtype) in ``dest``. Points keep their
     own run's copy bandwidth, so every fraction stays the one measured next to it. ``commit`` names
-    the code a source measured where its meta does not (a tree copied without git history)."""
+    the commit holding the code a source measured where its meta records none (a tree copied
+    without git history) or a dirty tree (uncommitted changes, committed since); the recorded value
+    is kept as ``measured_tree``."""
     dest = Path(dest)
     meta_path, results_path = dest / "meta.json", dest / "results.jsonl"
     if not results_path.exists() or not meta_path.exists():
@@ -365,7 +367,13 @@ def merge_results(dest: Path, sources: list[Path], commit: str | None = None) ->
             raise ValueError(f"{src} was measured on {smeta.get('gpu')!r}, {dest} on {meta.get('gpu')!r}: results of different GPUs are never merged")
         offset = len(meta.get("runs", []))
         sruns = smeta.get("runs", [])
-        meta["runs"] = meta.get("runs", []) + [{**r, "git_commit": r.get("git_commit") or smeta.get("git_commit") or commit, "merged_from": str(src)} for r in sruns]
+        merged = []
+        for r in sruns:
+            recorded = r.get("git_commit") or smeta.get("git_commit")
+            if commit and (not recorded or recorded.endswith("-dirty")):
+                r = {**r, "git_commit": commit, "measured_tree": recorded}
+            merged.append({**r, "git_commit": r.get("git_commit") or recorded, "merged_from": str(src)})
+        meta["runs"] = meta.get("runs", []) + merged
         for r in srows:
             r["run"] = offset + r.get("run", len(sruns) - 1)
         new = {point_key(r) for r in srows}

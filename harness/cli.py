@@ -476,7 +476,7 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("merge", help="fold other benchmark folders of the same GPU into one (their points replace same-key points)")
     s.add_argument("dest", help="the benchmark folder to update")
     s.add_argument("sources", nargs="+", help="benchmark folders to fold in, oldest first")
-    s.add_argument("--commit", help="the commit whose code the sources measured, where their meta.json records none")
+    s.add_argument("--commit", help="the commit holding the code the sources measured, where their meta.json records none or a -dirty tree")
     s.set_defaults(fn=cmd_merge)
 
     s = sub.add_parser("profile", help="Nsight Compute counters for benchmarked points: DRAM bytes vs the bytes model (GPU)")

@@ -168,7 +168,15 @@ def test_merge_replaces_points_and_keeps_each_runs_provenance(tmp_path, monkeypa
         merge_results(main_dir, [other])
     assert main(["merge", str(main_dir), str(tmp_path / "nowhere")]) == 2
     assert "not a benchmark folder" in capsys.readouterr().err
-    assert main(["merge", str(main_dir), str(redo)]) == 0
+    assert main(["merge", str(main_dir), str(redo), "--commit", "cccc"]) == 0
+    runs = json.loads((main_dir / "meta.json").read_text())["runs"]
+    assert runs[-1]["git_commit"] == "bbbb"  # a clean recorded commit is never overridden
+    dirty = tmp_path / "dirty"
+    monkeypatch.setenv("NORMBENCH_COMMIT", "dddd-dirty")
+    run_bench([eager], ["rmsnorm"], ["fwd"], shapes[:1], ["bf16"], dirty, device="cpu", timer=_timer_for("eager", 1.0), copy_bandwidth={"tbps": 0.002}, progress=False)
+    merge_results(main_dir, [dirty], commit="eeee")
+    last = json.loads((main_dir / "meta.json").read_text())["runs"][-1]
+    assert last["git_commit"] == "eeee" and last["measured_tree"] == "dddd-dirty"
     md = (main_dir / "report.md").read_text()
     assert "commit `aaaa`" in md and "commit `bbbb`" in md
 
