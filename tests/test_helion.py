@@ -95,6 +95,20 @@ def test_n_buckets():
     assert configs.bucket(2**20, tuned) is None  # longer than anything tuned: the default
 
 
+def test_few_rows_shrink_the_resident_backwards_block():
+    """Decode sizes: a block of rows tuned for tens of thousands of rows would leave most SMs idle;
+    the rows per program shrink (a power of two, at least one step) until each SM has a program."""
+    tuned = configs.Pinned("rmsnorm_bwd_resident", {"block_sizes": [32, 2], "num_warps": 8}, "tuned")
+    assert configs.for_rows(tuned, 32768, 132) is tuned  # the sweep's M: enough programs already
+    assert configs.for_rows(tuned, 4096, 132) is tuned  # 128 programs of 32 rows; 32 is what M / SMs asks
+    assert configs.for_rows(tuned, 1000, 132).config == {"block_sizes": [8, 2], "num_warps": 8}
+    assert configs.for_rows(tuned, 128, 132).config["block_sizes"] == [2, 2]  # one step per program
+    assert configs.for_rows(tuned, 1, 132).config["block_sizes"] == [2, 2]
+    assert "rows per program for M=1" in configs.for_rows(tuned, 1, 132).source
+    split = configs.default_config("layernorm_bwd", 65536)
+    assert configs.for_rows(split, 1, 132) is split  # its grid also spans the columns
+
+
 def test_one_binary_for_every_m():
     """Dynamic shapes: a new M binds to the same kernel (no recompile), N is specialized."""
     k = rmsnorm.rmsnorm_fwd_kernel
@@ -179,15 +193,21 @@ def test_generated_triton_under_the_interpreter(op, direction, monkeypatch):
 def test_gpu_launch_pins_a_config_and_never_autotunes(monkeypatch):
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
-    import helion.runtime.kernel as hk
+    # Not `import helion.runtime.kernel as hk`: helion.runtime re-exports the `kernel` decorator
+    # under that name, so the attribute lookup finds the function, not the module.
+    from helion.runtime.kernel import BoundKernel
 
     def refuse(*a, **k):
         raise AssertionError("Helion started autotuning")
 
-    monkeypatch.setattr(hk.BoundKernel, "autotune", refuse)
+    monkeypatch.setattr(BoundKernel, "autotune", refuse)
     configs.reload()
     x = torch.randn(256, 4096, dtype=torch.bfloat16, device="cuda")
     w = torch.ones(4096, dtype=torch.bfloat16, device="cuda")
+    # The guard is live: a kernel called without a config does reach the patched method.
+    unpinned = helion.kernel(rmsnorm.rmsnorm_fwd_kernel.fn, static_shapes=False, autotune_effort="full")
+    with pytest.raises(AssertionError, match="started autotuning"):
+        unpinned(x, w, 1e-5)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # an untuned GPU falls back to the default: fine here
         y, rstd = rmsnorm.rmsnorm_fwd(x, w, 1e-5)
