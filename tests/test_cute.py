@@ -41,12 +41,14 @@ def test_launch_shapes_cover_the_row_once():
     for n in (1, 7, 1000, 1001, 4096, 7168, 16384, 65536, 262144):
         for elem in (2, 4):
             vec = math.gcd(n, 16 // elem)
-            for direction in ("fwd", "bwd"):
-                L = K.launch_shape(n, elem, vec, direction)
-                assert L.cluster_n * L.chunk >= n  # every column is covered
-                assert (L.cluster_n - 1) * L.chunk < n  # and no CTA of a cluster is empty
-                assert L.cluster_n == 1 or L.rows_per_cta == 1
-                assert L.chunk * elem <= 2 * 32 * 1024 or L.cluster_n == 16
+            for op in ("rmsnorm", "layernorm"):
+                for direction in ("fwd", "bwd"):
+                    L = K.launch_shape(n, elem, vec, direction, op)
+                    assert L.cluster_n * L.chunk >= n  # every column is covered
+                    assert (L.cluster_n - 1) * L.chunk < n  # and no CTA of a cluster is empty
+                    assert L.cluster_n == 1 or L.rows_per_cta == 1
+                    assert L.chunk * elem <= 2 * 32 * 1024 or L.cluster_n == 16
+                    assert not L.stage_x or (direction == "fwd" and L.threads_per_row >= 32)
 
 
 def test_vector_width_respects_strides_and_alignment():

@@ -4,7 +4,7 @@ Math, per row x of length N (fp32 throughout, y / dx rounded once to x's dtype):
 
     RMSNorm    rstd = 1 / sqrt(mean(x^2) + eps)             xhat = x * rstd
     LayerNorm  mean = sum(x) / N                             xhat = (x - mean) * rstd
-               rstd = 1 / sqrt(sum((x - mean)^2) / N + eps)  (two passes over registers, no
+               rstd = 1 / sqrt(sum((x - mean)^2) / N + eps)  (two passes over the row, no
                                                               E[x^2] - mean^2 cancellation)
     forward    y = xhat * w (+ b)
 
@@ -17,9 +17,16 @@ inside a CTA, ``threads_per_row`` threads share a row and each holds ``vecs_per_
 ``vec`` elements, strided by ``vec * threads_per_row`` so that a warp's accesses are contiguous.
 ``vec`` is 128 bits (8 bf16/fp16, 4 fp32) when N, the row strides and the pointers allow it,
 narrower otherwise. Rows up to 32 KB stay in one CTA (several rows per CTA when they are short);
-wider rows go to a cluster (up to 16 CTAs, 32 KB per CTA), so every row is read from DRAM exactly
-once at every N up to 262144 and held in registers (forward) or shared memory + registers
-(backward) until its reductions are done.
+wider rows go to a cluster (up to 16 CTAs, 32 KB per CTA; 16 KB in the LayerNorm backward), so
+every row is read from DRAM exactly once at every N up to 262144.
+
+Forward: one-shot, one row tile per CTA. Short rows are loaded straight into registers. From 32 KB
+(RMSNorm) / 10 KB (LayerNorm) of row per CTA, x is staged in shared memory instead (cp.async) and
+re-read from there for each pass, 8 vectors per thread: a register-resident 32 KB chunk cost
+63 (RMSNorm) / 110 (LayerNorm) registers x 512 threads, so only 2 / 1 CTAs fit per SM and an SM
+had 32-64 KB of loads in flight, nothing while it reduced; staged, the CTA count per SM is set by
+shared memory and registers together (RMSNorm 64 registers: 4 CTAs of 256 threads). LayerNorm
+loads weight and bias after its two reductions (late_weights), so they hold no registers then.
 
 Row reductions: warp shuffles over the lanes of a row, then one value per warp through shared
 memory; in a cluster, every warp pushes its partial into every peer CTA's shared memory with
@@ -30,16 +37,16 @@ Backward: persistent. As many CTAs (or clusters) as the driver's occupancy calcu
 once (``max_resident``: clusters must fit inside a GPC, so this is not SMs / cluster_n) loop over
 row tiles, with a cp.async ring of up to 4 shared-memory stages so the next rows' x and dy are in
 flight while the current row reduces. Each row is reduced from shared memory, then re-read from it
-for dx, so only the fp32 dweight / dbias accumulators stay in registers across the reduction. The
-accumulators are written once per CTA row-slot to an fp32 partial buffer (slots, N) that torch sums
-over slots in fp32: no atomics, bit-identical run to run.
+for dx, so only the fp32 dweight / dbias accumulators stay in registers across the reduction (for
+LayerNorm rows wider than 16 CTAs x 16 KB, dbias accumulates in shared memory). The accumulators
+are written once per CTA row-slot to an fp32 partial buffer (slots, N) that torch sums over slots
+in fp32: no atomics, bit-identical run to run.
 
-Known limits (H200, bf16 sweep, fraction of copy bandwidth): the forward reaches 88-96% up to
-N = 32768 (RMSNorm) / 8192 (LayerNorm), but the one-shot clustered forward falls to 70% (RMSNorm)
-and 37% (LayerNorm) at N = 262144, and LayerNorm forward at 16384+ to 50-60%; the likely cause,
-not yet confirmed with counters, is one register-heavy 512-thread CTA per SM idling through its
-reductions with no other loads in flight. LayerNorm backward with clusters (N >= 32768) spills
-registers (ptxas: ~300 B; two accumulators at 32 columns per thread) and reaches 28-36%.
+Known limits (H200, bf16 sweep, fraction of copy bandwidth): RMSNorm forward 90-97% at every N.
+LayerNorm forward 90-94% up to N = 8192, then 86 / 79 / 74 / 64% at 16384 / 32768 / 65536 / 262144:
+its staged CTA needs 80 registers, so 3 CTAs fit per SM (ncu: 34% of warps active), each waiting
+through two dependent row reductions (cluster-wide from N = 32768). The backward reaches 70-92%
+(RMSNorm) and 45-82% (LayerNorm); its persistent CTAs of 512 threads x 128 registers are one per SM.
 fp32 at N = 262144 fits one ring stage only (128 KB per CTA): correct, not overlapped.
 
 Compilation: one kernel per (op, direction, dtype, N, vec, affine) key, compiled on first use with M
@@ -71,12 +78,23 @@ _HAS_TVM_FFI = find_spec("tvm_ffi") is not None
 
 # Shared memory budget of one CTA (Hopper allows 227 KB); the backward ring uses up to this much.
 _SMEM_BUDGET = 200 * 1024
-# A CTA holds at most this many bytes of one row; wider rows are split across a cluster.
-_MAX_CHUNK_BYTES = 32 * 1024
+# A CTA holds at most this many bytes of one row; wider rows are split across a cluster. The
+# LayerNorm backward carries two fp32 accumulators (dweight, dbias) per column: at 32 KB of row per
+# 512-thread CTA they no longer fit in 128 registers (ptxas spilled 80-272 B per thread).
+_MAX_CHUNK_BYTES = {("rmsnorm", "fwd"): 32 * 1024, ("layernorm", "fwd"): 32 * 1024,
+                    ("rmsnorm", "bwd"): 32 * 1024, ("layernorm", "bwd"): 16 * 1024}
 _MAX_CLUSTER = 16
 # Target vectors per thread: 64 B of x in 16-bit types in the forward, enough loads in flight; half
 # that in the backward, whose thread also carries fp32 dweight / dbias accumulators (registers).
 _VECS_PER_THREAD = {"fwd": 4, "bwd": 2}
+# Forward rows of at least this many bytes per CTA are staged in shared memory (Launch.stage_x).
+_STAGE_X_BYTES = {"rmsnorm": 32 * 1024, "layernorm": 10 * 1024}
+_STAGED_VECS_PER_THREAD = 8
+# Staged 256-thread CTAs per SM promised to ptxas, which caps the registers to match: 4 x 64 for
+# RMSNorm (its natural count; more headroom only made ptxas take 78), 3 x 80 for LayerNorm (83-89
+# uncapped: 2 CTAs per SM; capped, ptxas spills 8-32 B per thread). 128-thread staged CTAs (rows of
+# 10-16 KB) fit 5-7 per SM uncapped; a cap there only made ptxas spill.
+_STAGED_CTAS_PER_SM = {"rmsnorm": 4, "layernorm": 3}
 
 
 # ============================================================================ launch shape
@@ -89,6 +107,11 @@ class Launch:
     num_threads: int
     cluster_n: int  # CTAs per row (a cluster along grid y)
     vecs_per_thread: int
+    # Forward only: x goes global -> shared memory by cp.async and is re-read from there for every
+    # pass, so no register holds a row across a reduction; registers then no longer cap the CTAs
+    # resident per SM (the bytes in flight), shared memory does.
+    stage_x: bool = False
+    late_weights: bool = False  # forward only: load weight / bias after the reductions
 
     @property
     def rows_per_cta(self) -> int:
@@ -108,18 +131,24 @@ def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def launch_shape(n: int, elem_bytes: int, vec: int, direction: str = "fwd") -> Launch:
+def _pow2_at_least(v: int) -> int:
+    return 1 << max(0, math.ceil(math.log2(max(1, v))))
+
+
+def launch_shape(n: int, elem_bytes: int, vec: int, direction: str = "fwd", op: str = "rmsnorm") -> Launch:
     cluster_n = 1
-    while n * elem_bytes > _MAX_CHUNK_BYTES * cluster_n and cluster_n < _MAX_CLUSTER:
+    while n * elem_bytes > _MAX_CHUNK_BYTES[op, direction] * cluster_n and cluster_n < _MAX_CLUSTER:
         cluster_n *= 2
     chunk_vecs = _cdiv(n // vec, cluster_n)
-    tpr = min(512, 1 << max(0, math.ceil(math.log2(max(1, _cdiv(chunk_vecs, _VECS_PER_THREAD[direction]))))))
+    stage = direction == "fwd" and chunk_vecs * vec * elem_bytes >= _STAGE_X_BYTES[op]
+    target = _STAGED_VECS_PER_THREAD if stage else _VECS_PER_THREAD[direction]
+    tpr = min(256 if stage else 512, max(32 if stage else 1, _pow2_at_least(_cdiv(chunk_vecs, target))))
     vpt = _cdiv(chunk_vecs, tpr)
     # Cluster peers each need a distinct, non-empty slice of the row.
     while cluster_n > 1 and (cluster_n - 1) * vec * tpr * vpt >= n:
         cluster_n //= 2
         vpt = _cdiv(_cdiv(n // vec, cluster_n), tpr)
-    return Launch(vec, tpr, max(128, tpr), cluster_n, vpt)
+    return Launch(vec, tpr, max(128, tpr), cluster_n, vpt, stage, stage and op == "layernorm")
 
 
 def vector_width(n: int, dtype: torch.dtype, *tensors: torch.Tensor) -> int:
@@ -217,6 +246,7 @@ def _broadcast_rows(mV: cute.Tensor, rows: int) -> cute.Tensor:
 class NormForward:
     def __init__(self, dtype, n: int, launch: Launch, layernorm: bool):
         self.dtype, self.n, self.launch, self.layernorm = dtype, n, launch, layernorm
+        self.op = "layernorm" if layernorm else "rmsnorm"
 
     @cute.jit
     def __call__(
@@ -236,6 +266,8 @@ class NormForward:
             grid=[cute.ceil_div(mX.shape[0], L.rows_per_cta), L.cluster_n, 1],
             block=[L.num_threads, 1, 1],
             cluster=[1, L.cluster_n, 1] if const_expr(L.cluster_n > 1) else None,
+            min_blocks_per_mp=_STAGED_CTAS_PER_SM[self.op] if const_expr(L.stage_x and L.num_threads == 256) else 0,
+            preferred_smem_carveout=100 if const_expr(L.stage_x) else None,
             stream=stream,
         )
 
@@ -250,6 +282,9 @@ class NormForward:
             rank = 0
 
         smem = cutlass.utils.SmemAllocator()
+        sX = None
+        if const_expr(L.stage_x):
+            sX = smem.allocate_tensor(self.dtype, cute.make_ordered_layout(tiler, order=(1, 0)), byte_alignment=16)
         sbuf = smem.allocate_tensor(Float32, _reduction_buffer_layout(L, 2), byte_alignment=16)
         mbar = None
         if const_expr(L.cluster_n > 1):
@@ -264,35 +299,44 @@ class NormForward:
         tXgX = thr.partition_S(cute.local_tile(mX, tiler, (bidx, rank)))
         tXgY = thr.partition_D(cute.local_tile(mY, tiler, (bidx, rank)))
         tXcX = thr.partition_S(cute.local_tile(cute.make_identity_tensor(mX.shape), tiler, (bidx, rank)))
-        in_row = column_predicate(tXcX, n)
+        # When the cluster's tiles cover the row exactly, every vector is in the row: no predicate.
+        whole_row = const_expr(L.cluster_n * L.chunk == n)
+        in_row = None if const_expr(whole_row) else column_predicate(tXcX, n)
         row = tXcX[0][0]
         atom = _copy_atom(self.dtype, L.vec)
 
         rX = cute.make_rmem_tensor_like(tXgX)
-        rX.fill(0.0)  # columns past N read as 0 and drop out of the sums
-        if row < M:
-            cute.copy(atom, tXgX, rX, pred=in_row)
+        tXsX = None
+        if const_expr(L.stage_x):
+            # Each thread later reads back only the vectors its own cp.asyncs wrote: no CTA barrier.
+            tXsX = thr.partition_D(sX)
+            if row < M:
+                cute.copy(_copy_atom(self.dtype, L.vec, async_copy=True), tXgX, tXsX, pred=in_row)
+            cute.arch.cp_async_commit_group()
+        else:
+            rX.fill(0.0)  # columns past N read as 0 and drop out of the sums
+            if row < M:
+                cute.copy(atom, tXgX, rX, pred=in_row)
         rW, rB = None, None
-        if const_expr(mW is not None):
-            rW = cute.make_rmem_tensor_like(tXgX)
-            rW.fill(0.0)
-            cute.copy(atom, thr.partition_S(cute.local_tile(_broadcast_rows(mW, L.rows_per_cta), tiler, (0, rank))), rW, pred=in_row)
-        if const_expr(mB is not None):
-            rB = cute.make_rmem_tensor_like(tXgX)
-            rB.fill(0.0)
-            cute.copy(atom, thr.partition_S(cute.local_tile(_broadcast_rows(mB, L.rows_per_cta), tiler, (0, rank))), rB, pred=in_row)
-
-        x = rX.load().to(Float32)
+        if const_expr(not L.late_weights):
+            rW = load_weight(mW, atom, thr, tiler, rank, tXgX, in_row, L.rows_per_cta)
+            rB = load_weight(mB, atom, thr, tiler, rank, tXgX, in_row, L.rows_per_cta)
         if const_expr(L.cluster_n > 1):
             cute.arch.cluster_wait()
+        if const_expr(L.stage_x):
+            cute.arch.cp_async_wait_group(0)
+            read_staged(tXsX, rX, atom, in_row)
+        x = rX.load().to(Float32)
         inv_n = const_expr(1.0 / n)
         mean = Float32(0.0)
         if const_expr(self.layernorm):
             (total,) = row_allreduce((x.reduce(cute.ReductionOp.ADD, Float32(0.0), 0),), L, sbuf, 0, mbar, 0)
             mean = total * inv_n
+            if const_expr(L.stage_x):
+                read_staged(tXsX, rX, atom, in_row)
             rXc = cute.make_rmem_tensor_like(rX, Float32)
-            rXc.store(x - mean)
-            if const_expr(n % L.chunk != 0 or L.cluster_n * L.chunk != n):
+            rXc.store(rX.load().to(Float32) - mean)
+            if const_expr(not whole_row):
                 # the zero-filled columns past N are -mean now: take them out of the variance
                 for k in cutlass.range_constexpr(L.vecs_per_thread):
                     if not in_row[0, 0, k]:
@@ -304,11 +348,17 @@ class NormForward:
                 L, sbuf, 1, mbar + 1 if const_expr(mbar is not None) else None, 0,
             )
             rstd = cute.math.rsqrt(ssq * inv_n + eps)
-            y = xc * rstd
         else:
             (ssq,) = row_allreduce(((x * x).reduce(cute.ReductionOp.ADD, Float32(0.0), 0),), L, sbuf, 0, mbar, 0)
             rstd = cute.math.rsqrt(ssq * inv_n + eps)
-            y = x * rstd
+        if const_expr(L.late_weights):
+            rW = load_weight(mW, atom, thr, tiler, rank, tXgX, in_row, L.rows_per_cta)
+            rB = load_weight(mB, atom, thr, tiler, rank, tXgX, in_row, L.rows_per_cta)
+        if const_expr(L.stage_x):
+            read_staged(tXsX, rX, atom, in_row)
+        y = rX.load().to(Float32) * rstd
+        if const_expr(self.layernorm):
+            y = (rX.load().to(Float32) - mean) * rstd
         if const_expr(mW is not None):
             y = y * rW.load().to(Float32)
         if const_expr(mB is not None):
@@ -321,6 +371,23 @@ class NormForward:
                 mRstd[row] = rstd
                 if const_expr(mMean is not None):
                     mMean[row] = mean
+
+
+def load_weight(mV, atom, thr, tiler, rank, like: cute.Tensor, in_row, rows: int):
+    """This thread's vectors of a weight / bias row (None stays None)."""
+    if const_expr(mV is None):
+        return None
+    rV = cute.make_rmem_tensor_like(like)
+    rV.fill(0.0)
+    cute.copy(atom, thr.partition_S(cute.local_tile(_broadcast_rows(mV, rows), tiler, (0, rank))), rV, pred=in_row)
+    return rV
+
+
+def read_staged(tXsX: cute.Tensor, rX: cute.Tensor, atom, in_row):
+    """Registers <- this thread's staged vectors; vectors past N (never written) read as 0."""
+    if const_expr(in_row is not None):
+        rX.fill(0.0)
+    cute.copy(atom, tXsX, rX, pred=in_row)
 
 
 # ============================================================================ backward
@@ -337,15 +404,16 @@ def load_tile(atom, gX, gDY, sX, sDY, zero: cute.Tensor, in_row: cute.Tensor, va
     cute.arch.cp_async_commit_group()
 
 
-def backward_occupancy(launch: Launch, elem_bytes: int) -> tuple[int, int]:
+def backward_occupancy(launch: Launch, elem_bytes: int, acc_bytes: int = 0) -> tuple[int, int]:
     """(CTAs per SM, ring stages). The CTA count is promised to ptxas (min blocks per SM), which
-    caps the registers so that many CTAs really are resident: the persistent grid is sized by it."""
+    caps the registers so that many CTAs really are resident: the persistent grid is sized by it.
+    ``acc_bytes``: shared memory a CTA keeps for an accumulator (LayerNorm's dbias, see below)."""
     ctas = max(1, 512 // launch.num_threads)
     stage_bytes = 2 * launch.rows_per_cta * launch.chunk * elem_bytes
-    while ctas > 1 and 2 * stage_bytes * ctas > _SMEM_BUDGET:
+    while ctas > 1 and (2 * stage_bytes + acc_bytes) * ctas > _SMEM_BUDGET:
         ctas //= 2
     # fp32 at N = 262144 fits a single stage (128 KB per CTA): correct, but loads do not overlap
-    return ctas, max(1, min(4, _SMEM_BUDGET // (stage_bytes * ctas)))
+    return ctas, max(1, min(4, (_SMEM_BUDGET - acc_bytes * ctas) // (stage_bytes * ctas)))
 
 
 def max_resident(compiled, kernel, num_sms: int) -> int:
@@ -385,14 +453,20 @@ def max_resident(compiled, kernel, num_sms: int) -> int:
 class NormBackward:
     def __init__(self, dtype, n: int, launch: Launch, layernorm: bool):
         self.dtype, self.n, self.launch, self.layernorm = dtype, n, launch, layernorm
-        self.ctas_per_sm, self.stages = backward_occupancy(launch, dtype.width // 8)
+        # A row too wide for the LayerNorm chunk limit even with 16 CTAs (N > 128K in 16-bit types)
+        # leaves each CTA more fp32 dweight + dbias accumulators than 128 registers hold: dbias
+        # then accumulates in shared memory (each thread its own columns, so no barrier).
+        elem = dtype.width // 8
+        self.dbias_in_smem = layernorm and launch.chunk * elem > _MAX_CHUNK_BYTES["layernorm", "bwd"]
+        self.acc_bytes = launch.rows_per_cta * launch.chunk * 4 if self.dbias_in_smem else 0
+        self.ctas_per_sm, self.stages = backward_occupancy(launch, elem, self.acc_bytes)
 
     def smem_bytes(self) -> int:
         """Dynamic shared memory of one CTA (as the allocator lays it out, rounded up)."""
         L = self.launch
         ring = 2 * L.rows_per_cta * L.chunk * self.stages * self.dtype.width // 8
         sbuf = L.rows_per_cta * L.warps_per_row * L.cluster_n * (4 if self.layernorm else 2) * 4
-        return ring + sbuf + 16 + 128
+        return ring + self.acc_bytes + sbuf + 16 + 128
 
     @cute.jit
     def __call__(
@@ -439,6 +513,9 @@ class NormBackward:
         sDY = smem.allocate_tensor(self.dtype, ring, byte_alignment=16)
         # two reduction stages (row-iteration parity), nvals values each
         sbuf = smem.allocate_tensor(Float32, _reduction_buffer_layout(L, 2 * nvals), byte_alignment=16)
+        sDB = None
+        if const_expr(self.dbias_in_smem):
+            sDB = smem.allocate_tensor(Float32, cute.make_ordered_layout(tiler, order=(1, 0)), byte_alignment=16)
         mbar = None
         if const_expr(L.cluster_n > 1):
             mbar = smem.allocate_array(Int64, num_elems=2)
@@ -484,6 +561,10 @@ class NormBackward:
         rDW.fill(0.0)
         rDB = cute.make_rmem_tensor_like(zero, Float32)
         rDB.fill(0.0)
+        tXsDB = None
+        if const_expr(self.dbias_in_smem):
+            tXsDB = st.partition_D(sDB)
+            cute.autovec_copy(rDB, tXsDB)
         rX = cute.make_rmem_tensor_like(zero)
         rDY = cute.make_rmem_tensor_like(zero)
         rDX = cute.make_rmem_tensor_like(zero)
@@ -537,11 +618,17 @@ class NormBackward:
             if const_expr(mDWp is not None):
                 rDW.store(rDW.load() + dy * xhat)
             if const_expr(mDBp is not None):
+                if const_expr(self.dbias_in_smem):
+                    cute.autovec_copy(tXsDB, rDB)
                 rDB.store(rDB.load() + dy)
+                if const_expr(self.dbias_in_smem):
+                    cute.autovec_copy(rDB, tXsDB)
             it += 1
 
         # One partial row per (CTA, row slot): every column < N of every slot is written.
         slot_tiler = (L.rows_per_cta, L.chunk)
+        if const_expr(self.dbias_in_smem):
+            cute.autovec_copy(tXsDB, rDB)
         for acc, mP in ((rDW, mDWp), (rDB, mDBp)):
             if const_expr(mP is not None):
                 tPgP = st.partition_D(cute.local_tile(mP, slot_tiler, (bidx, rank)))
@@ -568,7 +655,7 @@ def compile_kernel(op: str, direction: str, dtype: torch.dtype, n: int, vec: int
         return _COMPILED[key]
     t0 = time.perf_counter()
     cdt = _TORCH2CUTE[dtype]
-    launch = launch_shape(n, cdt.width // 8, vec, direction)
+    launch = launch_shape(n, cdt.width // 8, vec, direction, op)
     layer = op == "layernorm"
     m = cute.sym_int()
     x = _fake(cdt, (m, n), vec)
