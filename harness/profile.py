@@ -174,16 +174,20 @@ def profile(report_dir: Path, ns=DEFAULT_NS, impl: str | None = None, ops=None, 
         raise ValueError("ncu (Nsight Compute) not found on this machine: install it or put it on PATH")
     old = json.loads(out_path.read_text()) if out_path.exists() else {}
     merged = {_key(p): p for p in old.get("points", [])}
+    def save() -> dict:  # after every point, so a run stopped half-way keeps what it measured
+        result = {"ncu": ncu, "metrics": METRICS, "points": sorted(merged.values(), key=lambda p: (p["op"], p["direction"], p["N"], p["impl"]))}
+        out_path.write_text(json.dumps(result, indent=1) + "\n")
+        return result
+
     with Progress(transient=True) as bar:
         task = bar.add_task("ncu", total=len(points))
         for row in points:
             bar.update(task, description=f"ncu {row['impl']} {row['op']} {row['direction']} {row['shape']}")
             entry = profile_point(ncu, row, timeout_s)
             merged[_key(entry)] = entry
+            result = save()
             bar.advance(task)
             bar.console.print(line(entry))
-    result = {"ncu": ncu, "metrics": METRICS, "points": sorted(merged.values(), key=lambda p: (p["op"], p["direction"], p["N"], p["impl"]))}
-    out_path.write_text(json.dumps(result, indent=1) + "\n")
     return result
 
 
