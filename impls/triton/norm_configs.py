@@ -5,12 +5,18 @@ A ``Config`` says how a kernel walks the (M, N) input:
 * ``rows``: rows per tile, processed together (several short rows per program keep enough bytes in
   flight; the row reductions stay per row).
 * ``warps``: ``num_warps``.
-* ``chunk``: 0 keeps a whole row (padded to the N bucket, the next power of two) in registers;
-  otherwise rows are walked in column chunks of this many elements, twice (see ``norm_kernels``).
+* ``chunk``: forward: 0 keeps a whole row (padded to the N bucket, the next power of two) in
+  registers; otherwise rows are walked in column chunks of this many elements, twice (see
+  ``norm_kernels``). Backward, sliced: the width of the tiles in which a program streams the
+  other slices of its rows (without ``row_sums``).
 * ``programs_per_sm``: backward only, the size of the persistent grid.
 * ``reread``: backward, whole-row kernel only: read each row a second time (from L1/L2) for dx
   instead of holding x and dy in registers across the row reductions, leaving the registers to the
   dw/db accumulators (for rows too wide to keep both).
+* ``slice``: backward only: 0 gives each program whole rows; otherwise each program owns a column
+  slice this wide of a group of rows (rows too wide for one program's dw/db accumulators).
+* ``row_sums``: sliced backward: the row reductions come from a first kernel over every (row,
+  slice) instead of each program streaming the rest of its rows.
 
 Where a config comes from, in order:
 
@@ -54,6 +60,8 @@ class Config:
     chunk: int = 0
     programs_per_sm: int = 1
     reread: bool = False
+    slice: int = 0
+    row_sums: bool = False
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -80,7 +88,9 @@ def _clamp(v: int, lo: int, hi: int) -> int:
 def interpreter_config(direction: str, n: int) -> Config:
     """The CPU interpreter pays per operation, not per element: few programs, big tiles."""
     rows = _clamp(32768 // bucket(n), 1, 64)
-    return Config(rows=rows, chunk=0 if bucket(n) <= 32768 else 8192)
+    if bucket(n) <= 32768:
+        return Config(rows=rows)
+    return Config(rows=1, chunk=8192) if direction == "fwd" else Config(rows=1, slice=8192, row_sums=True)
 
 
 def heuristic(direction: str, n: int) -> Config:
@@ -97,7 +107,7 @@ def heuristic(direction: str, n: int) -> Config:
         rows = _clamp(2048 // b, 2, 16) if b <= 2048 else 1
         programs = 4 if b <= 1024 else 2 if b <= 4096 else 1
         return Config(rows=rows, warps=_clamp(rows * b // 512, 4, 16), programs_per_sm=programs)
-    return Config(rows=4, warps=16, chunk=4096)
+    return Config(rows=1, warps=8, programs_per_sm=2, slice=4096, row_sums=True)
 
 
 def candidates(direction: str, n: int) -> list[Config]:
@@ -123,8 +133,10 @@ def candidates(direction: str, n: int) -> list[Config]:
                     out += [Config(rows=rows, warps=warps, programs_per_sm=p) for p in (1, 2, 4) if p * warps <= 16]
     if 4096 <= b <= 16384:
         out += [Config(rows=r, warps=w, reread=True) for r, w in ((1, 16), (2, 16), (1, 32))]
-    if b >= 8192:
-        out += [Config(rows=r, warps=w, chunk=4096) for r, w in ((2, 16), (4, 16), (4, 8))]
+    if b >= 16384:
+        out += [Config(rows=1, warps=16, slice=8192, row_sums=True), Config(rows=1, warps=8, programs_per_sm=2, slice=4096, row_sums=True)]
+    if b == 16384:
+        out += [Config(rows=1, warps=16, slice=8192, chunk=c) for c in (4096, 8192)]
     return out or [heuristic(direction, n)]
 
 

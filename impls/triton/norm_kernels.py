@@ -18,14 +18,23 @@ How a row is walked (``Config``, chosen per GPU and N bucket in ``norm_configs``
 * whole row: a [ROWS, next_pow2(N)] tile in registers, one read of everything;
 * whole row read twice (backward, ``reread``): the second read, for dx, comes from L1/L2, which
   leaves the registers to the dw/db accumulators (rows of ~8-16K elements);
-* chunked, for rows too wide for registers: pass 1 walks the row in column chunks for the row
-  reductions, pass 2 walks it again *backwards* to write y / dx, so that it starts on the chunks
-  pass 1 read last, which are still in L2 (a forward walk would start on the ones evicted first).
+* forward, chunked, for rows too wide for registers: pass 1 walks the row in column chunks for the
+  statistics, pass 2 walks it again *backwards* to write y, so that it starts on the chunks pass 1
+  read last, which are still in L2 (a forward walk would start on the ones evicted first);
+* backward, sliced, for rows too wide for registers: each program owns a column slice (``slice``)
+  of a group of rows, so that its dw/db accumulators (slice-wide) stay in registers; the row
+  reductions c1, c2 need the whole row, and come from a first kernel that sums each (row, slice)
+  (``row_sums``: x and dy are read twice from DRAM, 5 units of traffic instead of 3, but both
+  kernels run at ~95% of copy bandwidth), or from the program itself streaming the other slices of
+  its rows (read from L2 after a sibling's DRAM read: 3 units, but latency-bound).
 
 The backward is persistent: a grid of a few programs per SM (``programs_per_sm``), each walking a
 contiguous range of row blocks, loading the next block while it computes the current one, and
 accumulating dw / db over its rows in fp32; it writes one partial row, and ``_sum_partials_kernel``
-adds the partials in a fixed order (deterministic, no atomics).
+adds the partials in a fixed order (deterministic, no atomics). Why not one program per wide row
+with its dw/db partial row in global memory, read-added-written per row block: at N = 16384 the
+132 partial rows (17 MB) and the rows in flight outgrow the L2, and a profile shows x and dy read
+~1.9 times and 0.5 GB of partials written back for a 0.8 GB problem.
 
 Interpreter notes (CI runs these under TRITON_INTERPRET=1): no arithmetic on bf16 values (it is
 silently wrong there), no libdevice (``tl.rsqrt`` instead), no atomics.
@@ -160,16 +169,14 @@ def norm_fwd(x, weight, bias, eps, layernorm: bool, config: Config | None = None
 
 # =================================================================================== backward
 @triton.jit
-def _row_block_range(M, ROWS: tl.constexpr):
-    """This program's contiguous range of row blocks: as even as possible (sizes differ by at most
-    one), so no program idles while another finishes a double share."""
+def _row_block_range(M, ROWS: tl.constexpr, worker, workers):
+    """Worker ``worker``'s contiguous range of row blocks out of ``workers``: as even as possible
+    (sizes differ by at most one), so no program idles while another finishes a double share."""
     n_blocks = tl.cdiv(M, ROWS)
-    pid = tl.program_id(0)
-    programs = tl.num_programs(0)
-    share = n_blocks // programs
-    extra = n_blocks % programs
-    first = pid * share + tl.minimum(pid, extra)
-    return first, first + share + (pid < extra).to(tl.int32)
+    share = n_blocks // workers
+    extra = n_blocks % workers
+    first = worker * share + tl.minimum(worker, extra)
+    return first, first + share + (worker < extra).to(tl.int32)
 
 
 @triton.jit(do_not_specialize=["M"])
@@ -188,7 +195,7 @@ def _norm_bwd_row_kernel(
     dw = tl.zeros([BLOCK_N], dtype=tl.float32)
     db = tl.zeros([BLOCK_N], dtype=tl.float32)
 
-    first, last = _row_block_range(M, ROWS)
+    first, last = _row_block_range(M, ROWS, tl.program_id(0), tl.num_programs(0))
     end = tl.minimum(M, last * ROWS)  # rows from here on are the next program's
     # Software pipelining by hand: the next block's loads are issued before this block's math, so a
     # program always has a block in flight while it computes. The prefetched values wait in
@@ -253,76 +260,132 @@ def _norm_bwd_row_kernel(
         tl.store(DB_PARTIAL + partial, db, mask=col_mask)
 
 
+@triton.jit
+def _row_terms(X, DY, W, rows, row_mask, cols, col_mask, stride_x, stride_dy, mean,
+               LAYERNORM: tl.constexpr, HAS_WEIGHT: tl.constexpr):  # fmt: skip
+    """The [rows, cols] tiles of g * (x - mean) and g, whose row sums times rstd / N and / N are c1
+    and c2. Centring by the given mean keeps the sum of a long row from cancelling."""
+    mask = row_mask[:, None] & col_mask[None, :]
+    x = tl.load(X + rows[:, None] * stride_x + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    dy = tl.load(DY + rows[:, None] * stride_dy + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    if LAYERNORM:
+        x = tl.where(mask, x - mean[:, None], 0.0)
+    if HAS_WEIGHT:
+        dy = dy * tl.load(W + cols, mask=col_mask, other=0.0).to(tl.float32)[None, :]
+    return dy * x, dy
+
+
 @triton.jit(do_not_specialize=["M"])
-def _norm_bwd_chunked_kernel(
-    DY, X, W, MEAN, RSTD, DX, DW_PARTIAL, DB_PARTIAL,
+def _norm_bwd_row_sums_kernel(
+    DY, X, W, MEAN, ROW_SUMS,
+    M, N, stride_dy, stride_x,
+    LAYERNORM: tl.constexpr, HAS_WEIGHT: tl.constexpr,
+    ROWS: tl.constexpr, SLICE: tl.constexpr, SLICES: tl.constexpr,
+):  # fmt: skip
+    """Pass 1 of the two-kernel backward: ROW_SUMS[k, row, slice] = the row sum over one column
+    slice of ``_row_terms``' k-th tile (k = 0: g * (x - mean), k = 1: g), one tile per program."""
+    me = tl.program_id(0) % SLICES
+    rows = (tl.program_id(0) // SLICES) * ROWS + tl.arange(0, ROWS)
+    row_mask = rows < M
+    cols = me * SLICE + tl.arange(0, SLICE)
+    mean = tl.load(MEAN + rows, mask=row_mask, other=0.0) if LAYERNORM else tl.zeros([ROWS], dtype=tl.float32)
+    rows = rows.to(tl.int64)
+    gxc, g = _row_terms(X, DY, W, rows, row_mask, cols, cols < N, stride_x, stride_dy, mean, LAYERNORM, HAS_WEIGHT)
+    tl.store(ROW_SUMS + rows * SLICES + me, tl.sum(gxc, axis=1), mask=row_mask)
+    if LAYERNORM:
+        tl.store(ROW_SUMS + (M + rows) * SLICES + me, tl.sum(g, axis=1), mask=row_mask)
+
+
+@triton.jit(do_not_specialize=["M"])
+def _norm_bwd_slice_kernel(
+    DY, X, W, MEAN, RSTD, ROW_SUMS, DX, DW_PARTIAL, DB_PARTIAL,
     M, N, stride_dy, stride_x, stride_dx,
     LAYERNORM: tl.constexpr, HAS_WEIGHT: tl.constexpr,
-    ROWS: tl.constexpr, CHUNK: tl.constexpr,
+    ROWS: tl.constexpr, SLICE: tl.constexpr, SLICES: tl.constexpr, SLICES_P2: tl.constexpr,
+    SUMS_GIVEN: tl.constexpr, STREAM: tl.constexpr,
 ):  # fmt: skip
-    n_chunks = tl.cdiv(N, CHUNK)
-    partial_row = tl.program_id(0).to(tl.int64) * N
-    first, last = _row_block_range(M, ROWS)
+    """The backward for rows too wide for one program's registers. Each program owns one column
+    slice of the rows of its row group: dx, and dw / db for its slice, accumulated in registers
+    over the group's rows like the row kernel's. The row reductions need the whole row; they come
+    from ``_norm_bwd_row_sums_kernel``'s per-slice sums (``SUMS_GIVEN``), or from the other slices,
+    streamed here in tiles of STREAM columns.
+
+    Streaming reads every row SLICES times, once from DRAM and then from L2: the SLICES siblings of
+    a row group are adjacent program ids, resident together and walking the same rows in step
+    (measured on an H200 at N = 16384, 2 slices: x and dy come from DRAM once, but each row waits
+    for its L2 round trips: 41-56% of copy bandwidth against the two-kernel way's 56-58%)."""
+    me = tl.program_id(0) % SLICES
+    group = tl.program_id(0) // SLICES
+    first, last = _row_block_range(M, ROWS, group, tl.num_programs(0) // SLICES)
+    end = tl.minimum(M, last * ROWS)
+    cols = me * SLICE + tl.arange(0, SLICE)
+    col_mask = cols < N
+    dw = tl.zeros([SLICE], dtype=tl.float32)
+    db = tl.zeros([SLICE], dtype=tl.float32)
+
+    # the own slice of the next row block is loaded while this one is computed (see the row kernel)
+    rows = first * ROWS + tl.arange(0, ROWS)
+    mask = (rows < end)[:, None] & col_mask[None, :]
+    x_next = tl.load(X + rows.to(tl.int64)[:, None] * stride_x + cols[None, :], mask=mask, other=0.0)
+    dy_next = tl.load(DY + rows.to(tl.int64)[:, None] * stride_dy + cols[None, :], mask=mask, other=0.0)
     for block in range(first, last):
-        rows = block * ROWS + tl.arange(0, ROWS)
-        row_mask = rows < M
-        rows = rows.to(tl.int64)
-        x_rows = X + rows[:, None] * stride_x
-        dy_rows = DY + rows[:, None] * stride_dy
+        row_mask = rows < end
+        mask = row_mask[:, None] & col_mask[None, :]
+        rows64 = rows.to(tl.int64)
         rstd = tl.load(RSTD + rows, mask=row_mask, other=0.0)
+        mean = tl.load(MEAN + rows, mask=row_mask, other=0.0) if LAYERNORM else tl.zeros([ROWS], dtype=tl.float32)
+        if SUMS_GIVEN:
+            # added in slice order, whichever program computed them: deterministic
+            k = tl.arange(0, SLICES_P2)
+            sums = ROW_SUMS + rows64[:, None] * SLICES + k[None, :]
+            sums_mask = row_mask[:, None] & (k < SLICES)[None, :]
+            sum_gxc = tl.sum(tl.load(sums, mask=sums_mask, other=0.0), axis=1)
+            if LAYERNORM:
+                sum_g = tl.sum(tl.load(sums + M * SLICES, mask=sums_mask, other=0.0), axis=1)
+        else:
+            # The other slices first, while this block's own slice still waits in its storage dtype
+            # (half the registers of fp32), in tiles of STREAM columns summed lane-wise.
+            acc_gxc = tl.zeros([ROWS, STREAM], dtype=tl.float32)
+            acc_g = tl.zeros([ROWS, STREAM], dtype=tl.float32)
+            for j in range(SLICE // STREAM, SLICES * SLICE // STREAM):  # from the next slice on, wrapping
+                other = (me * SLICE + j * STREAM) % (SLICES * SLICE) + tl.arange(0, STREAM)
+                gxc, g_other = _row_terms(X, DY, W, rows64, row_mask, other, other < N, stride_x, stride_dy,
+                                          mean, LAYERNORM, HAS_WEIGHT)  # fmt: skip
+                acc_gxc += gxc
+                acc_g += g_other  # (dead code for RMSNorm, dropped by the compiler)
+            sum_gxc = tl.sum(acc_gxc, axis=1)
+            sum_g = tl.sum(acc_g, axis=1)
+
+        x, dy = x_next.to(tl.float32), dy_next.to(tl.float32)
+        next_mask = (rows + ROWS < end)[:, None] & col_mask[None, :]
+        x_next = tl.load(X + (rows64 + ROWS)[:, None] * stride_x + cols[None, :], mask=next_mask, other=0.0)
+        dy_next = tl.load(DY + (rows64 + ROWS)[:, None] * stride_dy + cols[None, :], mask=next_mask, other=0.0)
         if LAYERNORM:
-            mean = tl.load(MEAN + rows, mask=row_mask, other=0.0)
+            x = x - mean[:, None]
+        if HAS_WEIGHT:  # re-read per block (an L1 hit) rather than held: its registers go to dw / db
+            g = dy * tl.load(W + cols, mask=col_mask, other=0.0).to(tl.float32)[None, :]
+        else:
+            g = dy
+        if not SUMS_GIVEN:
+            sum_gxc += tl.sum(g * x, axis=1)  # padding lanes: g is 0 there
+            sum_g += tl.sum(g, axis=1)
+        xhat = x * rstd[:, None]
+        c1 = sum_gxc * rstd / N
+        if LAYERNORM:
+            dx = (g - xhat * c1[:, None] - (sum_g / N)[:, None]) * rstd[:, None]
+            db += tl.sum(dy, axis=0)
+        else:
+            dx = (g - xhat * c1[:, None]) * rstd[:, None]
+        if HAS_WEIGHT:
+            dw += tl.sum(dy * xhat, axis=0)
+        tl.store(DX + rows64[:, None] * stride_dx + cols[None, :], dx.to(DX.dtype.element_ty), mask=mask)
+        rows += ROWS
 
-        # pass 1: the row reductions c1 (and c2), accumulated lane-wise, reduced once at the end
-        sum_gxhat = tl.zeros([ROWS, CHUNK], dtype=tl.float32)
-        sum_g = tl.zeros([ROWS, CHUNK], dtype=tl.float32)
-        for c in range(0, n_chunks):
-            cols = c * CHUNK + tl.arange(0, CHUNK)
-            col_mask = cols < N
-            mask = row_mask[:, None] & col_mask[None, :]
-            x = tl.load(x_rows + cols[None, :], mask=mask, other=0.0).to(tl.float32)
-            dy = tl.load(dy_rows + cols[None, :], mask=mask, other=0.0).to(tl.float32)
-            if LAYERNORM:
-                x = x - mean[:, None]
-            if HAS_WEIGHT:
-                g = dy * tl.load(W + cols, mask=col_mask, other=0.0).to(tl.float32)[None, :]
-            else:
-                g = dy
-            sum_gxhat += g * x  # times rstd once, below
-            if LAYERNORM:
-                sum_g += g
-        c1 = tl.sum(sum_gxhat, axis=1) * rstd / N
-        c2 = tl.sum(sum_g, axis=1) / N
-
-        # pass 2, last chunk first (still in L2): dx, and this block's dw/db added into the program's
-        # partial row, which only this program touches (plain read-add-write, no atomics)
-        for i in range(0, n_chunks):
-            cols = (n_chunks - 1 - i) * CHUNK + tl.arange(0, CHUNK)
-            col_mask = cols < N
-            mask = row_mask[:, None] & col_mask[None, :]
-            x = tl.load(x_rows + cols[None, :], mask=mask, other=0.0).to(tl.float32)
-            dy = tl.load(dy_rows + cols[None, :], mask=mask, other=0.0).to(tl.float32)
-            if LAYERNORM:
-                x = x - mean[:, None]
-            xhat = x * rstd[:, None]
-            if HAS_WEIGHT:
-                g = dy * tl.load(W + cols, mask=col_mask, other=0.0).to(tl.float32)[None, :]
-            else:
-                g = dy
-            dx = (g - xhat * c1[:, None] - c2[:, None]) * rstd[:, None]
-            tl.store(DX + rows[:, None] * stride_dx + cols[None, :], dx.to(DX.dtype.element_ty), mask=mask)
-            # the first block starts the partial from zero instead of reading it (it is uninitialised);
-            # a vector compare, as `col_mask & (block > first)` comes out int32 in the interpreter
-            seen = cols < tl.where(block > first, N, 0)
-            if HAS_WEIGHT:
-                dw = tl.load(DW_PARTIAL + partial_row + cols, mask=seen, other=0.0) + tl.sum(dy * xhat, axis=0)
-                tl.store(DW_PARTIAL + partial_row + cols, dw, mask=col_mask)
-            if LAYERNORM:
-                db = tl.load(DB_PARTIAL + partial_row + cols, mask=seen, other=0.0) + tl.sum(dy, axis=0)
-                tl.store(DB_PARTIAL + partial_row + cols, db, mask=col_mask)
-            # the next block reads these partials back; a barrier makes the stores visible whichever
-            # thread of the program the compiler's layouts assign to the read
-            tl.debug_barrier()
+    partial = group.to(tl.int64) * N + cols
+    if HAS_WEIGHT:
+        tl.store(DW_PARTIAL + partial, dw, mask=col_mask)
+    if LAYERNORM:
+        tl.store(DB_PARTIAL + partial, db, mask=col_mask)
 
 
 @triton.jit
@@ -343,18 +406,35 @@ def launch_bwd(cfg: Config, dy, x, weight, mean, rstd, layernorm: bool, dx, sums
     layernorm); returns the compiled main kernel (see ``launch_fwd``)."""
     M, N = x.shape
     n_sums = sums.shape[0]
-    programs = min(triton.cdiv(M, cfg.rows), cfg.programs_per_sm * sm_count(x.device))
-    partials = torch.empty((max(n_sums, 1), programs, N), dtype=torch.float32, device=x.device)
-    args = (
-        dy, x, x if weight is None else weight, rstd if mean is None else mean, rstd, dx,  # x, rstd: never read
-        partials[0], partials[n_sums - 1],
-        M, N, dy.stride(0), x.stride(0), dx.stride(0),
-        layernorm, weight is not None, cfg.rows,
-    )  # fmt: skip
-    if cfg.chunk:
-        compiled = _norm_bwd_chunked_kernel[(programs,)](*args, cfg.chunk, num_warps=cfg.warps)
+    w = x if weight is None else weight  # x, rstd: placeholders, never read
+    mean = rstd if mean is None else mean
+    slices = triton.cdiv(N, cfg.slice) if cfg.slice else 1
+    # one partial row of dw / db per program, or per row group of the slice kernel
+    partial_rows = min(triton.cdiv(M, cfg.rows), max(1, cfg.programs_per_sm * sm_count(x.device) // slices))
+    partials = torch.empty((max(n_sums, 1), partial_rows, N), dtype=torch.float32, device=x.device)
+    if cfg.slice:
+        row_sums = rstd  # never read unless the first kernel fills it
+        if cfg.row_sums:
+            row_sums = torch.empty((2, M, slices), dtype=torch.float32, device=x.device)
+            grid = (slices * triton.cdiv(M, cfg.rows),)
+            _norm_bwd_row_sums_kernel[grid](
+                dy, x, w, mean, row_sums, M, N, dy.stride(0), x.stride(0),
+                layernorm, weight is not None, cfg.rows, cfg.slice, slices, num_warps=cfg.warps,
+            )  # fmt: skip
+        compiled = _norm_bwd_slice_kernel[(partial_rows * slices,)](
+            dy, x, w, mean, rstd, row_sums, dx, partials[0], partials[n_sums - 1],
+            M, N, dy.stride(0), x.stride(0), dx.stride(0),
+            layernorm, weight is not None, cfg.rows, cfg.slice, slices, triton.next_power_of_2(slices), cfg.row_sums,
+            min(cfg.chunk or cfg.slice, cfg.slice),
+            num_warps=cfg.warps,
+        )  # fmt: skip
     else:
-        compiled = _norm_bwd_row_kernel[(programs,)](*args, bucket(N), cfg.reread, num_warps=cfg.warps)
+        args = (
+            dy, x, w, mean, rstd, dx, partials[0], partials[n_sums - 1],
+            M, N, dy.stride(0), x.stride(0), dx.stride(0),
+            layernorm, weight is not None, cfg.rows,
+        )  # fmt: skip
+        compiled = _norm_bwd_row_kernel[(partial_rows,)](*args, bucket(N), cfg.reread, num_warps=cfg.warps)
     if n_sums:
         if x.is_cuda:
             # narrow column strips, so that even N = 1024 spreads over dozens of SMs: a handful of
@@ -364,7 +444,7 @@ def launch_bwd(cfg: Config, dy, x, weight, mean, rstd, layernorm: bool, dx, sums
         else:  # the interpreter pays per program and per operation, not per element
             block_n, block_p = min(bucket(N), 16384), 16
         grid = (triton.cdiv(N, block_n), n_sums)
-        _sum_partials_kernel[grid](partials, sums, programs, N, block_p, block_n, num_warps=4)
+        _sum_partials_kernel[grid](partials, sums, partial_rows, N, block_p, block_n, num_warps=4)
     return compiled
 
 
