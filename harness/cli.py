@@ -292,6 +292,24 @@ def cmd_merge(a) -> int:
     return 0
 
 
+def cmd_overhead(a) -> int:
+    from .overhead import markdown, run
+    from .registry import select
+    from .shapes import parse_shape
+
+    device = _device(a.device)
+    ops = _split(a.op, OPS, "op")
+    dtype = _split(a.dtype, tuple(DTYPES), "dtype")[0]
+    if a.calls < 1 or a.trials < 1:
+        raise UsageError("--calls and --trials must be >= 1")
+    out = Path(a.out) if a.out else None
+    rows = run(select(a.impl), ops, parse_shape(a.shape), dtype, device, out, a.calls, a.trials)
+    print("\n".join(markdown(rows)))
+    if out:
+        print(f"wrote {out}")
+    return 0
+
+
 def cmd_profile(a) -> int:
     import torch
 
@@ -478,6 +496,17 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("sources", nargs="+", help="benchmark folders to fold in, oldest first")
     s.add_argument("--commit", help="the commit holding the code the sources measured, where their meta.json records none or a -dirty tree")
     s.set_defaults(fn=cmd_merge)
+
+    s = sub.add_parser("overhead", help="host time per call (contract functions, autograd fwd+bwd) on a tiny shape")
+    s.add_argument("--impl", help="glob(s) over implementation names or DSLs, comma-separated (default: all)")
+    s.add_argument("--op", help="rmsnorm, layernorm or both (comma-separated)")
+    s.add_argument("--shape", default="4x4096", help="a shape small enough that the GPU waits for the host (default: 4x4096)")
+    s.add_argument("--dtype", default="bf16", choices=tuple(DTYPES))
+    s.add_argument("--device", help="cpu or cuda (default: cuda if available)")
+    s.add_argument("--calls", type=int, default=200)
+    s.add_argument("--trials", type=int, default=5)
+    s.add_argument("--out", help="write the rows as JSON here")
+    s.set_defaults(fn=cmd_overhead)
 
     s = sub.add_parser("profile", help="Nsight Compute counters for benchmarked points: DRAM bytes vs the bytes model (GPU)")
     s.add_argument("dir", nargs="?", help="benchmark folder (default: the newest)")

@@ -1,0 +1,32 @@
+"""`normbench overhead`: host time per call, measured on CPU with the eager kernels."""
+
+import json
+
+from harness.cli import main
+from harness.contract import Implementation
+from harness.overhead import markdown, run
+from harness.registry import get
+from harness.shapes import Shape
+
+
+def test_overhead_rows_and_a_failing_implementation_is_recorded(tmp_path):
+    broken = Implementation(name="broken", dsl="x", entry="no.such.module", ops=("rmsnorm",), devices=("cpu",))
+    out = tmp_path / "overhead.json"
+    rows = run([get("eager"), broken], ["rmsnorm", "layernorm"], Shape((4, 256)), "bf16", "cpu", out, calls=3, trials=2)
+    by = {(r["impl"], r["op"]): r for r in rows}
+    assert set(by) == {("eager", "rmsnorm"), ("eager", "layernorm"), ("broken", "rmsnorm")}
+    for op in ("rmsnorm", "layernorm"):
+        r = by[("eager", op)]
+        assert all(r[k] > 0 for k in ("contract_fwd_us", "contract_bwd_us", "autograd_fwd_bwd_us"))
+    assert "error" in by[("broken", "rmsnorm")]
+    saved = json.loads(out.read_text())
+    assert saved["device"] == "cpu" and len(saved["rows"]) == 3
+    table = "\n".join(markdown(rows))
+    assert "| eager | rmsnorm |" in table and "| broken | rmsnorm |" in table
+
+
+def test_overhead_cli_errors_are_one_line(capsys):
+    assert main(["overhead", "--device", "cpu", "--shape", "4xq"]) == 2
+    assert main(["overhead", "--device", "cpu", "--calls", "0"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 2 and all(e.startswith("normbench: error:") for e in err)
