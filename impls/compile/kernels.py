@@ -68,9 +68,11 @@ class _Compiled:
         self._key = None
 
     def _run(self, name, x, *args):
-        # keyed on x (the forward's input, the backward's saved input), so fwd and bwd of one
-        # shape share compiled state and only a new shape resets dynamo
-        key = (tuple(x.shape), x.stride(), x.dtype, x.device.type, tuple(a is None for a in args))
+        # keyed on x alone (the forward's input, the backward's saved input), so a training step's
+        # forward and backward of one shape share compiled state and only a new shape resets dynamo;
+        # a weight/bias present or None is a guard of the compiled graph, not a reason to reset
+        # (resetting on it reset dynamo at every fwd/bwd alternation: 110 ms a step on the H200)
+        key = (tuple(x.shape), x.stride(), x.dtype, x.device.type)
         if key != self._key:
             torch._dynamo.reset()
             self._key = key
