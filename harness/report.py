@@ -53,7 +53,7 @@ def markdown(meta: dict, rows: list[dict], rel_plots: str | None = "") -> str:
         "",
         f"GPU {meta.get('gpu')} (driver {meta.get('driver')}, CUDA {meta.get('cuda')}), torch {meta.get('torch')}, "
         + ", ".join(f"{k} {val}" for k, val in v.items() if val)
-        + f"; commit `{meta.get('git_commit')}`.",
+        + ("; commits per run below." if any(r.get("git_commit") for r in meta.get("runs", [])) else f"; commit `{meta.get('git_commit')}`."),
         "",
         "Runs that wrote this folder (each point in `results.jsonl` names its run where recorded):",
         "",
