@@ -53,6 +53,10 @@ SHAPE_SETS: dict[str, tuple[Shape, ...]] = {
         Shape((2, 0, 64)),  # M = 0 in 3-D
         Shape((37, 1001)),  # N not a multiple of 8
         Shape((64, 2880)),  # N = 2880 (gpt-oss hidden size), not a power of two
+        # rows too wide for one register tile: the looped / sliced / clustered paths, which the
+        # sweep reaches only in bf16 and only on a GPU
+        Shape((3, 20001)),  # wide and odd: narrow vectors on the wide path
+        Shape((2, 262144)),  # the widest sweep row
     ),
     # The GPU ranking: equal bytes at every N, so each point moves the same data.
     "sweep": tuple(Shape((SWEEP_ELEMENTS // n, n)) for n in SWEEP_N),
