@@ -360,6 +360,8 @@ def merge_results(dest: Path, sources: list[Path], commit: str | None = None) ->
         raise ValueError(f"{dest} is not a benchmark folder (no results.jsonl and meta.json)")
     meta, rows = json.loads(meta_path.read_text()), load_results(results_path)
     for src in map(Path, sources):
+        if src.resolve() == dest.resolve():
+            raise ValueError(f"{src} is the folder being merged into")
         if not (src / "results.jsonl").exists() or not (src / "meta.json").exists():
             raise ValueError(f"{src} is not a benchmark folder (no results.jsonl and meta.json)")
         smeta, srows = json.loads((src / "meta.json").read_text()), load_results(src / "results.jsonl")

@@ -50,6 +50,13 @@ def _device(arg: str | None) -> str:
     return dev
 
 
+def _require_cuda(command: str) -> None:
+    import torch
+
+    if not torch.cuda.is_available():
+        raise UsageError(f"normbench {command} needs a CUDA GPU and none is available here")
+
+
 def _console():
     from rich.console import Console
 
@@ -245,8 +252,7 @@ def cmd_bench(a) -> int:
     from .registry import select
     from .roofline import DIRECTIONS_BENCH
 
-    if not torch.cuda.is_available():
-        raise UsageError("normbench bench needs a CUDA GPU and none is available here")
+    _require_cuda("bench")
     ops = _split(a.op, OPS, "op")
     dirs = _split(a.direction or "fwd,bwd", DIRECTIONS_BENCH, "direction")
     dtypes = _split(a.dtype or "bf16", tuple(DTYPES), "dtype")
@@ -299,11 +305,10 @@ def cmd_overhead(a) -> int:
 
     device = _device(a.device)
     ops = _split(a.op, OPS, "op")
-    dtype = _split(a.dtype, tuple(DTYPES), "dtype")[0]
     if a.calls < 1 or a.trials < 1:
         raise UsageError("--calls and --trials must be >= 1")
     out = Path(a.out) if a.out else None
-    rows = run(select(a.impl), ops, parse_shape(a.shape), dtype, device, out, a.calls, a.trials)
+    rows = run(select(a.impl), ops, parse_shape(a.shape), a.dtype, device, out, a.calls, a.trials)
     print("\n".join(markdown(rows)))
     if out:
         print(f"wrote {out}")
@@ -311,17 +316,17 @@ def cmd_overhead(a) -> int:
 
 
 def cmd_profile(a) -> int:
-    import torch
-
     from . import report
     from .profile import DEFAULT_NS, profile
+    from .roofline import DIRECTIONS_BENCH
 
-    if not torch.cuda.is_available():
-        raise UsageError("normbench profile needs a CUDA GPU and none is available here")
+    _require_cuda("profile")
     out = Path(a.dir) if a.dir else report.newest_report(Path(a.reports))
     ops = _split(a.op, OPS, "op") if a.op else None
-    dirs = _split(a.direction, ("fwd", "bwd", "fwdbwd"), "direction") if a.direction else None
+    dirs = _split(a.direction, DIRECTIONS_BENCH, "direction") if a.direction else None
     ns = _ints(a.n, "--n") if a.n else list(DEFAULT_NS)
+    if not a.timeout > 0:
+        raise UsageError(f"--timeout must be > 0 seconds, got {a.timeout}")
     result = profile(out, ns=ns, impl=a.impl, ops=ops, directions=dirs, dtype=a.dtype, timeout_s=a.timeout)
     report.write_report(out)
     failed = [p for p in result["points"] if p.get("error")]

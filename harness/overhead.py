@@ -52,7 +52,7 @@ def measure(impl, op: str, shape: Shape, dtype: str = "bf16", device: str = "cud
         out[f"contract_{direction}_us"] = _per_call_us(autograd.callables(k, op, direction, case), device, calls, trials)
     x = case["x"].detach().clone().requires_grad_(True)
     w = case["weight"].detach().clone().requires_grad_(True) if case["weight"] is not None else None
-    b = case["bias"].detach().clone().requires_grad_(True) if case.get("bias") is not None else None
+    b = case["bias"].detach().clone().requires_grad_(True) if case["bias"] is not None else None
     dy = case["dy"]
 
     def step():

@@ -32,6 +32,7 @@ from pathlib import Path
 
 from . import rank
 from .bench import load_results
+from .report import _f
 
 DEFAULT_NS = (4096, 16384, 262144)
 # name in profile.json -> ncu metric. Units are asked for in base units (bytes, ns) so no scaling
@@ -189,10 +190,6 @@ def profile(report_dir: Path, ns=DEFAULT_NS, impl: str | None = None, ops=None, 
             bar.advance(task)
             bar.console.print(line(entry))
     return result
-
-
-def _f(x, fmt):
-    return "–" if x is None else fmt.format(x)
 
 
 def line(p: dict) -> str:

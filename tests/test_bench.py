@@ -166,6 +166,8 @@ def test_merge_replaces_points_and_keeps_each_runs_provenance(tmp_path, monkeypa
     (other / "meta.json").write_text(json.dumps({"gpu": "NVIDIA H100 80GB HBM3", "runs": []}))
     with pytest.raises(ValueError, match="different GPUs"):
         merge_results(main_dir, [other])
+    with pytest.raises(ValueError, match="the folder being merged into"):
+        merge_results(main_dir, [main_dir])
     assert main(["merge", str(main_dir), str(tmp_path / "nowhere")]) == 2
     assert "not a benchmark folder" in capsys.readouterr().err
     assert main(["merge", str(main_dir), str(redo), "--commit", "cccc"]) == 0
