@@ -370,14 +370,19 @@ def merge_results(dest: Path, sources: list[Path], commit: str | None = None) ->
         offset = len(meta.get("runs", []))
         sruns = smeta.get("runs", [])
         merged = []
-        for r in sruns:
-            recorded = r.get("git_commit") or smeta.get("git_commit")
+        for i, r in enumerate(sruns):
+            # the folder-level commit is its newest run's: an older run that recorded none stays unknown
+            recorded = r.get("git_commit") or (smeta.get("git_commit") if i == len(sruns) - 1 else None)
             if commit and (not recorded or recorded.endswith("-dirty")):
                 r = {**r, "git_commit": commit, "measured_tree": recorded}
             merged.append({**r, "git_commit": r.get("git_commit") or recorded, "merged_from": str(src)})
         meta["runs"] = meta.get("runs", []) + merged
         for r in srows:
-            r["run"] = offset + r.get("run", len(sruns) - 1)
+            # points written before runs were numbered name none: only a one-run folder says whose they are
+            if "run" in r:
+                r["run"] = offset + r["run"]
+            elif len(sruns) == 1:
+                r["run"] = offset
         new = {point_key(r) for r in srows}
         rows = [r for r in rows if point_key(r) not in new] + srows
     results_path.write_text("".join(json.dumps(r) + "\n" for r in rows))

@@ -183,6 +183,24 @@ def test_merge_replaces_points_and_keeps_each_runs_provenance(tmp_path, monkeypa
     assert "commit `aaaa`" in md and "commit `bbbb`" in md
 
 
+def test_merge_of_a_folder_from_before_runs_were_numbered(tmp_path):
+    """Its points name no run and only its newest run knows its commit: merge guesses neither."""
+    from harness.bench import merge_results
+
+    main_dir, old = tmp_path / "main", tmp_path / "old"
+    for d, runs, commit in ((main_dir, [{"command": "a", "git_commit": "aaaa"}], "aaaa"),
+                            (old, [{"command": "b"}, {"command": "c"}], "cccc")):
+        d.mkdir()
+        (d / "meta.json").write_text(json.dumps({"gpu": "Fake GPU", "runs": runs, "git_commit": commit}))
+    row = _row("eager", 1024, 2.0, frac=0.5, dsl="eager")
+    (main_dir / "results.jsonl").write_text("")
+    (old / "results.jsonl").write_text(json.dumps(row) + "\n")
+    rows = merge_results(main_dir, [old])
+    assert "run" not in rows[0]
+    runs = json.loads((main_dir / "meta.json").read_text())["runs"]
+    assert [r["git_commit"] for r in runs] == ["aaaa", None, "cccc"]
+
+
 def _timer_for(name, ms):
     t = FakeTimer({name: ms})
     t.current = name
