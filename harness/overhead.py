@@ -9,6 +9,11 @@ GPU is idle waiting for the host (M x N = 4 x 4096 by default):
     contract   the contract function itself (validation, allocation, launch), as the benchmark calls it
     autograd   y = norm(x, ...) then y.backward(dy) through ``harness.autograd`` (fwd + bwd together)
 
+A reference row, ``torch.nn.functional``, runs the same autograd step through PyTorch's own
+``F.rms_norm`` / ``F.layer_norm``: the floor that the autograd engine and gradient accumulation set
+whatever the kernels, so the rest of a row's autograd figure is the implementation's (and the
+harness's) own.
+
 Each figure is the median over ``trials`` of (wall time of ``calls`` back-to-back calls) / calls,
 after a warm-up that compiles everything. The GPU is synchronized only between trials.
 """
@@ -64,6 +69,34 @@ def measure(impl, op: str, shape: Shape, dtype: str = "bf16", device: str = "cud
     return out
 
 
+NATIVE = "torch.nn.functional"
+
+
+def measure_native(op: str, shape: Shape, dtype: str = "bf16", device: str = "cuda", calls: int = 200, trials: int = 5) -> dict:
+    """The reference row: the forward (no grad) and the autograd step through PyTorch's own norms."""
+    case = make_case(op, shape, DTYPES[dtype], device)
+    n, eps = case["x"].shape[-1], case["eps"]
+    x = case["x"].detach().clone().requires_grad_(True)
+    w = case["weight"].detach().clone().requires_grad_(True) if case["weight"] is not None else None
+    b = case["bias"].detach().clone().requires_grad_(True) if case["bias"] is not None else None
+    if op == "rmsnorm":
+        fwd = lambda: torch.nn.functional.rms_norm(x, (n,), w, eps)  # noqa: E731
+    else:
+        fwd = lambda: torch.nn.functional.layer_norm(x, (n,), w, b, eps)  # noqa: E731
+
+    def forward_only():
+        with torch.no_grad():
+            return fwd()
+
+    def step():
+        fwd().backward(case["dy"])
+        x.grad = None
+
+    return {"impl": NATIVE, "dsl": "reference", "op": op, "shape": shape.label, "dtype": dtype,
+            "contract_fwd_us": _per_call_us(forward_only, device, calls, trials), "contract_bwd_us": None,
+            "autograd_fwd_bwd_us": _per_call_us(step, device, max(calls // 4, 10), trials)}  # fmt: skip
+
+
 def run(impls, ops, shape: Shape, dtype: str, device: str, out_path: Path | None = None, calls: int = 200, trials: int = 5) -> list[dict]:
     from rich.progress import Progress
 
@@ -71,14 +104,15 @@ def run(impls, ops, shape: Shape, dtype: str, device: str, out_path: Path | None
 
     rows = []
     with Progress(transient=True) as bar:
-        todo = [(i, op) for i in impls for op in ops if op in i.ops and not i.unavailable(device)]
+        todo = [(None, op) for op in ops] + [(i, op) for i in impls for op in ops if op in i.ops and not i.unavailable(device)]
         task = bar.add_task("overhead", total=len(todo))
         for impl, op in todo:
-            bar.update(task, description=f"{impl.name} {op}")
+            name = impl.name if impl else NATIVE
+            bar.update(task, description=f"{name} {op}")
             try:
-                rows.append(measure(impl, op, shape, dtype, device, calls, trials))
+                rows.append(measure(impl, op, shape, dtype, device, calls, trials) if impl else measure_native(op, shape, dtype, device, calls, trials))
             except Exception as e:  # one failing implementation never stops the run
-                rows.append({"impl": impl.name, "dsl": impl.dsl, "op": op, "shape": shape.label, "dtype": dtype, "error": describe_error(e)})
+                rows.append({"impl": name, "dsl": impl.dsl if impl else "reference", "op": op, "shape": shape.label, "dtype": dtype, "error": describe_error(e)})
             bar.advance(task)
             if out_path is not None:
                 out_path.write_text(json.dumps({"device": _device_name(device), "calls": calls, "trials": trials, "rows": rows}, indent=1) + "\n")
@@ -95,5 +129,6 @@ def markdown(rows: list[dict]) -> list[str]:
         if "error" in r:
             out.append(f"| {r['impl']} | {r['op']} | {r['error'][:60]} | | |")
         else:
-            out.append(f"| {r['impl']} | {r['op']} | {r['contract_fwd_us']:.1f} | {r['contract_bwd_us']:.1f} | {r['autograd_fwd_bwd_us']:.1f} |")
+            us = [r[k] for k in ("contract_fwd_us", "contract_bwd_us", "autograd_fwd_bwd_us")]
+            out.append(f"| {r['impl']} | {r['op']} | " + " | ".join("–" if v is None else f"{v:.1f}" for v in us) + " |")
     return out

@@ -14,15 +14,17 @@ def test_overhead_rows_and_a_failing_implementation_is_recorded(tmp_path):
     out = tmp_path / "overhead.json"
     rows = run([get("eager"), broken], ["rmsnorm", "layernorm"], Shape((4, 256)), "bf16", "cpu", out, calls=3, trials=2)
     by = {(r["impl"], r["op"]): r for r in rows}
-    assert set(by) == {("eager", "rmsnorm"), ("eager", "layernorm"), ("broken", "rmsnorm")}
+    native = "torch.nn.functional"
+    assert set(by) == {("eager", "rmsnorm"), ("eager", "layernorm"), ("broken", "rmsnorm"), (native, "rmsnorm"), (native, "layernorm")}
+    assert all(by[(native, op)]["autograd_fwd_bwd_us"] > 0 and by[(native, op)]["contract_bwd_us"] is None for op in ("rmsnorm", "layernorm"))
     for op in ("rmsnorm", "layernorm"):
         r = by[("eager", op)]
         assert all(r[k] > 0 for k in ("contract_fwd_us", "contract_bwd_us", "autograd_fwd_bwd_us"))
     assert "error" in by[("broken", "rmsnorm")]
     saved = json.loads(out.read_text())
-    assert saved["device"] == "cpu" and len(saved["rows"]) == 3
+    assert saved["device"] == "cpu" and len(saved["rows"]) == 5
     table = "\n".join(markdown(rows))
-    assert "| eager | rmsnorm |" in table and "| broken | rmsnorm |" in table
+    assert "| eager | rmsnorm |" in table and "| broken | rmsnorm |" in table and f"| {native} | layernorm |" in table
 
 
 def test_overhead_cli_errors_are_one_line(capsys):
