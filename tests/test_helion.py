@@ -84,7 +84,21 @@ def test_untuned_dtype_borrows_and_says_so(monkeypatch):
         warnings.simplefilter("error")
         assert configs.pinned("rmsnorm_fwd", 1000, "fp16", "GPU X").source == "tuned"  # same element size
     with pytest.warns(UserWarning, match="using the bf16 one"):
-        assert configs.pinned("rmsnorm_fwd", 1000, "fp32", "GPU X").source == "tuned for bf16"
+        assert configs.pinned("rmsnorm_fwd", 500, "fp32", "GPU X").source == "tuned for bf16"
+    # fp32 rows of 1000 have the bytes of bf16 rows of 2000: no bf16 config that long, the default
+    with pytest.warns(UserWarning, match="default config"):
+        assert configs.pinned("rmsnorm_fwd", 1000, "fp32", "GPU X").source == "default"
+
+
+def test_fp32_borrows_the_16_bit_config_of_rows_of_the_same_bytes():
+    """The H200's bf16 resident backward at N = 16384 asks 393 KB of shared memory for fp32 rows of
+    16384 (the limit is 227 KB): fp32 takes the bf16 entry of N = 32768, the split backward."""
+    gpu = "NVIDIA H200"
+    tuned = configs.table()[gpu]["rmsnorm_bwd"]["bf16"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert configs.pinned("rmsnorm_bwd", 16384, "fp32", gpu).entry() == {k: tuned["32768"][k] for k in ("kernel", "config", "first_pass")}
+        assert configs.pinned("rmsnorm_bwd", 4096, "fp32", gpu).config == tuned["8192"]["config"]
 
 
 def test_n_buckets():

@@ -12,7 +12,11 @@ Where the config comes from (``pinned()``):
    ``"first_pass"``, the config of the split backward's first kernel). The N bucket of a row length
    is the smallest tuned N >= it: a config tuned for shorter rows is no guess for longer ones (whole
    rows in registers stop fitting). A dtype with no entries of its own borrows those of the other
-   16-bit dtype (same bytes per element) silently, or else of any tuned dtype, with a warning.
+   16-bit dtype (same bytes per element) silently, or else of any tuned dtype, with a warning, at
+   the bucket of rows of the same bytes: fp32 rows of N take the bf16 config of 2N, since what a
+   config must fit (pipelined loads staged in shared memory, rows held in registers) scales with
+   bytes per row. (The bf16 config of N = 16384 asks 393 KB of shared memory for fp32 rows of 16384
+   on an H200, whose limit is 227 KB.)
 2. ``default_config()`` when configs.json has no bucket for the GPU, entry point and N, with a
    warning that says so (once per entry point, GPU, dtype and N). It is derived from N alone:
    whole rows in registers while they fit (forward up to N = 32768, backward up to 16384) with
@@ -46,6 +50,7 @@ import torch
 
 CONFIG_FILE = Path(__file__).with_name("configs.json")
 DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
+ITEMSIZE = {"bf16": 2, "fp16": 2, "fp32": 4}
 SAME_SIZE = {"bf16": "fp16", "fp16": "bf16"}
 
 
@@ -140,14 +145,15 @@ def pinned(entry: str, n: int, dtype: str, gpu: str) -> Pinned:
     """The config ``entry`` (e.g. "rmsnorm_bwd") runs with for rows of length n on ``gpu``."""
     by_dtype = table().get(gpu, {}).get(entry, {})
     for candidate in (dtype, SAME_SIZE.get(dtype), *sorted(by_dtype)):
-        b = bucket(n, [int(k) for k in by_dtype.get(candidate or "", {})])
+        same_bytes_n = max(1, n * ITEMSIZE[dtype] // ITEMSIZE.get(candidate, ITEMSIZE[dtype]))
+        b = bucket(same_bytes_n, [int(k) for k in by_dtype.get(candidate or "", {})])
         if b is not None:
             hit = by_dtype[candidate][str(b)]
             if candidate in (dtype, SAME_SIZE.get(dtype)):
                 return Pinned.from_entry(hit, "tuned")
             _warn_once(
                 (entry, gpu, dtype, b),
-                f"helion {entry}: no {dtype} config tuned for {gpu} at N={n}; using the {candidate} one (N bucket {b})",
+                f"helion {entry}: no {dtype} config tuned for {gpu} at N={n}; using the {candidate} one of rows of the same bytes (N bucket {b})",
             )
             return Pinned.from_entry(hit, f"tuned for {candidate}")
     fallback = default_config(entry, n)
