@@ -4,8 +4,12 @@ Math, per row x of length N (fp32 throughout, y / dx rounded once to x's dtype):
 
     RMSNorm    rstd = 1 / sqrt(mean(x^2) + eps)             xhat = x * rstd
     LayerNorm  mean = sum(x) / N                             xhat = (x - mean) * rstd
-               rstd = 1 / sqrt(sum((x - mean)^2) / N + eps)  (two passes over the row, no
-                                                              E[x^2] - mean^2 cancellation)
+               rstd = 1 / sqrt(M2 / N + eps),  M2 = sum((x - mean)^2)
+               M2 is never E[x^2] - mean^2, which cancels in fp32 when |mean| >> std. A row in one
+               CTA: the sum, then the centred sum of squares (two passes). A row over a cluster:
+               every thread takes (count, mean, M2) of its own vectors, centred, and these merge
+               pairwise up the reduction tree (Chan et al.), one exchange between the CTAs:
+                   n = na + nb,  mean = (na ma + nb mb) / n,  M2 = M2a + M2b + (mb - ma)^2 na nb / n
     forward    y = xhat * w (+ b)
 
     backward   g = dy * w,   c1 = sum(xhat * g) / N,   c2 = sum(g) / N  (LayerNorm only)
@@ -26,12 +30,16 @@ re-read from there for each pass, 8 vectors per thread: a register-resident 32 K
 63 (RMSNorm) / 110 (LayerNorm) registers x 512 threads, so only 2 / 1 CTAs fit per SM and an SM
 had 32-64 KB of loads in flight, nothing while it reduced; staged, the CTA count per SM is set by
 shared memory and registers together (RMSNorm 64 registers: 4 CTAs of 256 threads). LayerNorm
-loads weight and bias after its two reductions (late_weights), so they hold no registers then.
+loads weight and bias after its reductions (late_weights), so they hold no registers then. Over a
+cluster (``one_exchange``) it also reduces once per row (the (count, mean, M2) merge above) and
+writes y one vector at a time, that vector's weight and bias loaded just before: 40 registers
+instead of 80, so shared memory alone sets its CTAs per SM (6 of 256 threads, not 3).
 
-Row reductions: warp shuffles over the lanes of a row, then one value per warp through shared
-memory; in a cluster, every warp pushes its partial into every peer CTA's shared memory with
-``st.async`` (distributed shared memory) and each CTA waits on its own mbarrier for the bytes of
-all peers. No cluster-wide barrier sits on the critical path.
+Row reductions: warp shuffles over the lanes of a row, then one value (RMSNorm, backward) or one
+(count, mean, M2) triple (LayerNorm forward over a cluster) per warp through shared memory; in a
+cluster, every warp pushes its partial into every peer CTA's shared memory with ``st.async``
+(distributed shared memory) and each CTA waits on its own mbarrier for the bytes of all peers. No
+cluster-wide barrier sits on the critical path.
 
 Backward: persistent. As many CTAs (or clusters) as the driver's occupancy calculator says fit at
 once (``max_resident``: clusters must fit inside a GPC, so this is not SMs / cluster_n) loop over
@@ -43,9 +51,12 @@ are written once per CTA row-slot to an fp32 partial buffer (slots, N) that torc
 in fp32: no atomics, bit-identical run to run.
 
 Known limits (H200, bf16 sweep, fraction of copy bandwidth): RMSNorm forward 90-97% at every N.
-LayerNorm forward 90-94% up to N = 8192, then 86 / 79 / 74 / 64% at 16384 / 32768 / 65536 / 262144:
-its staged CTA needs 80 registers, so 3 CTAs fit per SM (ncu: 34% of warps active), each waiting
-through two dependent row reductions (cluster-wide from N = 32768). The backward reaches 70-92%
+LayerNorm forward 90-94% up to N = 8192, then 86 / 84 / 82 / 74% at 16384 / 32768 / 65536 / 262144.
+At 16384 its staged CTA needs 80 registers, so 3 CTAs fit per SM (ncu: 34% of warps active), each
+waiting through two dependent row reductions. Over a cluster (one_exchange: 79 / 74 / 64% before)
+6 CTAs fit, but probably wait on L2 for weight and bias one vector after another (RMSNorm written
+that way fell from 95 to 82% at N = 32768; no counters taken); of the 5-10 points gained, one
+exchange instead of two gave 1.5-2.5, the register diet the rest. The backward reaches 70-92%
 (RMSNorm) and 45-82% (LayerNorm); its persistent CTAs of 512 threads x 128 registers are one per SM.
 fp32 at N = 262144 fits one ring stage only (128 KB per CTA): correct, not overlapped.
 
@@ -98,6 +109,10 @@ _STAGED_VECS_PER_THREAD = 8
 # uncapped: 2 CTAs per SM; capped, ptxas spills 8-32 B per thread). 128-thread staged CTAs (rows of
 # 10-16 KB) fit 5-7 per SM uncapped; a cap there only made ptxas spill.
 _STAGED_CTAS_PER_SM = {"rmsnorm": 4, "layernorm": 3}
+# The LayerNorm forward over a cluster (Launch.one_exchange) takes 38-40 registers uncapped; 6 CTAs
+# is what its 32 KB of shared memory per CTA allows, so this cap only keeps a later change from
+# silently costing CTAs.
+_ONE_EXCHANGE_CTAS_PER_SM = 6
 
 
 # ============================================================================ launch shape
@@ -115,6 +130,13 @@ class Launch:
     # resident per SM (the bytes in flight), shared memory does.
     stage_x: bool = False
     late_weights: bool = False  # forward only: load weight / bias after the reductions
+    # LayerNorm forward over a cluster only: one (count, mean, M2) exchange between the CTAs instead
+    # of two sums, and y written one vector at a time (40 registers instead of 80: 6 CTAs per SM
+    # instead of 3). On a row held by one CTA this lost (H200, bf16, N = 16384: 83 vs 86% of copy
+    # bandwidth): the weight and bias loads, one vector at a time, wait on L2 one after another. On
+    # short register-resident rows the merges' divisions cost more still (N = 2048 / 2880: 79 / 64%
+    # against 93 / 90%).
+    one_exchange: bool = False
 
     @property
     def rows_per_cta(self) -> int:
@@ -151,7 +173,8 @@ def launch_shape(n: int, elem_bytes: int, vec: int, direction: str = "fwd", op: 
     while cluster_n > 1 and (cluster_n - 1) * vec * tpr * vpt >= n:
         cluster_n //= 2
         vpt = _cdiv(_cdiv(n // vec, cluster_n), tpr)
-    return Launch(vec, tpr, max(128, tpr), cluster_n, vpt, stage, stage and op == "layernorm")
+    layer_fwd = op == "layernorm" and direction == "fwd"
+    return Launch(vec, tpr, max(128, tpr), cluster_n, vpt, stage, stage and layer_fwd, layer_fwd and cluster_n > 1)
 
 
 def vector_width(n: int, dtype: torch.dtype, *tensors: torch.Tensor) -> int:
@@ -167,6 +190,40 @@ def vector_width(n: int, dtype: torch.dtype, *tensors: torch.Tensor) -> int:
 
 # ============================================================================ reductions
 @cute.jit
+def publish_warp_values(
+    values: tuple,
+    launch: cutlass.Constexpr,
+    sbuf: cute.Tensor,  # fp32 (rows_per_cta, warps_per_row * cluster_n, slots)
+    slot: Int32,
+    mbar: cute.Pointer,  # this stage's mbarrier (cluster only, else None)
+    phase: Int32,
+):
+    """Every warp's ``values`` (the same in all its lanes) -> sbuf[row, warp of the row, slot + j], in
+    this CTA and, in a cluster, in every peer CTA; returns once all of the row's entries are there."""
+    wpr = const_expr(launch.warps_per_row)
+    cn = const_expr(launch.cluster_n)
+    lane, warp = cute.arch.lane_idx(), cute.arch.warp_idx()
+    row, col = warp // wpr, warp % wpr
+    if const_expr(cn == 1):
+        if lane == 0:
+            for j in cutlass.range_constexpr(len(values)):
+                sbuf[row, col, slot + j] = values[j]
+        cute.arch.barrier()
+    else:
+        # One mbarrier per stage counts the bytes of every peer's every warp; lane l of each
+        # warp pushes that warp's values to CTA l of the cluster (itself included).
+        rank = cute.arch.block_idx_in_cluster()
+        if warp == 0:
+            with cute.arch.elect_one():
+                cute.arch.mbarrier_arrive_and_expect_tx(mbar, len(values) * wpr * cn * 4)
+        if lane < cn:
+            for j in cutlass.range_constexpr(len(values)):
+                dst = sbuf.iterator + cute.crd2idx((row, rank * wpr + col, slot + j), sbuf.layout)
+                cute.arch.store_async_dsmem(dst, values[j].bitcast(Int32), mbar, lane)
+        cute.arch.mbarrier_wait(mbar, phase)
+
+
+@cute.jit
 def row_allreduce(
     partials: tuple,
     launch: cutlass.Constexpr,
@@ -181,25 +238,8 @@ def row_allreduce(
     cn = const_expr(launch.cluster_n)
     sums = [cute.arch.warp_reduction(p, operator.add, threads_in_group=min(tpr, 32)) for p in partials]
     if const_expr(wpr > 1 or cn > 1):
-        lane, warp = cute.arch.lane_idx(), cute.arch.warp_idx()
-        row, col = warp // wpr, warp % wpr
-        if const_expr(cn == 1):
-            if lane == 0:
-                for j in cutlass.range_constexpr(len(sums)):
-                    sbuf[row, col, slot + j] = sums[j]
-            cute.arch.barrier()
-        else:
-            # One mbarrier per stage counts the bytes of every peer's every warp; lane l of each
-            # warp pushes that warp's partial to CTA l of the cluster (itself included).
-            rank = cute.arch.block_idx_in_cluster()
-            if warp == 0:
-                with cute.arch.elect_one():
-                    cute.arch.mbarrier_arrive_and_expect_tx(mbar, len(sums) * wpr * cn * 4)
-            if lane < cn:
-                for j in cutlass.range_constexpr(len(sums)):
-                    dst = sbuf.iterator + cute.crd2idx((row, rank * wpr + col, slot + j), sbuf.layout)
-                    cute.arch.store_async_dsmem(dst, sums[j].bitcast(Int32), mbar, lane)
-            cute.arch.mbarrier_wait(mbar, phase)
+        publish_warp_values(sums, launch, sbuf, slot, mbar, phase)
+        lane, row = cute.arch.lane_idx(), cute.arch.warp_idx() // wpr
         entries = const_expr(wpr * cn)
         for j in cutlass.range_constexpr(len(sums)):
             acc = Float32(0.0)
@@ -209,6 +249,78 @@ def row_allreduce(
                     acc += sbuf[row, idx, slot + j]
             sums[j] = cute.arch.warp_reduction(acc, operator.add)
     return sums
+
+
+def merge_moments(na, ma, qa, nb, mb, qb):
+    """Chan et al.'s pairwise merge of (count, mean, M2 = sum of squared deviations from the mean):
+
+        n = na + nb,   mean = (na ma + nb mb) / n,   M2 = M2a + M2b + (mb - ma)^2 na nb / n
+
+    Every term is centred, so nothing cancels the way E[x^2] - mean^2 does in fp32 when
+    |mean| >> std. Written symmetrically in a and b, so both lanes of a butterfly compute the same
+    bits and every thread of a row ends with identical statistics. A count of 0 is the identity."""
+    n = na + nb
+    inv_n = Float32(1.0) / cute.arch.fmax(n, Float32(1.0))
+    delta = mb - ma
+    return n, (na * ma + nb * mb) * inv_n, qa + qb + delta * delta * (na * nb * inv_n)
+
+
+@cute.jit
+def thread_moments(rX: cute.Tensor, in_row, launch: cutlass.Constexpr):
+    """(count, mean, M2) of this thread's vectors inside the row: each vector's own (vec, mean, M2),
+    merged one by one, so only one vector is ever held in fp32 (registers: see the launch caps)."""
+    vec = const_expr(launch.vec)
+    n, m, q = Float32(0.0), Float32(0.0), Float32(0.0)
+    for k in cutlass.range_constexpr(launch.vecs_per_thread):
+        xk = rX[None, None, k].load().to(Float32)
+        mk = xk.reduce(cute.ReductionOp.ADD, Float32(0.0), 0) * (1.0 / vec)
+        dk = xk - mk
+        qk = (dk * dk).reduce(cute.ReductionOp.ADD, Float32(0.0), 0)
+        # (two branches, not one `or`: the first is decided at compile time, the second at run time)
+        if const_expr(in_row is None):  # noqa: SIM114
+            n, m, q = merge_moments(n, m, q, Float32(vec), mk, qk)
+        elif in_row[0, 0, k]:
+            n, m, q = merge_moments(n, m, q, Float32(vec), mk, qk)
+    return n, m, q
+
+
+@cute.jit
+def row_moments(
+    moments: tuple,  # this thread's (count, mean, M2)
+    launch: cutlass.Constexpr,
+    sbuf: cute.Tensor,  # fp32 (rows_per_cta, warps_per_row * cluster_n, >= slot + 3)
+    slot: Int32,
+    mbar: cute.Pointer,
+    phase: Int32,
+):
+    """(count, mean, M2) of the whole row from every thread's, merged pairwise (merge_moments):
+    one exchange between warps / cluster peers, where mean-then-variance needs two."""
+    tpr = const_expr(launch.threads_per_row)
+    wpr = const_expr(launch.warps_per_row)
+    cn = const_expr(launch.cluster_n)
+    n, m, q = moments
+    offset = const_expr(min(tpr, 32) // 2)
+    while const_expr(offset > 0):
+        n, m, q = merge_moments(n, m, q, cute.arch.shuffle_sync_bfly(n, offset=offset),
+                                cute.arch.shuffle_sync_bfly(m, offset=offset),
+                                cute.arch.shuffle_sync_bfly(q, offset=offset))
+        offset = const_expr(offset // 2)
+    if const_expr(wpr > 1 or cn > 1):
+        publish_warp_values((n, m, q), launch, sbuf, slot, mbar, phase)
+        lane, row = cute.arch.lane_idx(), cute.arch.warp_idx() // wpr
+        entries = const_expr(wpr * cn)
+        n, m, q = Float32(0.0), Float32(0.0), Float32(0.0)
+        for i in cutlass.range_constexpr(-(-entries // 32)):
+            idx = lane + i * 32
+            if idx < entries:
+                n, m, q = merge_moments(n, m, q, sbuf[row, idx, slot], sbuf[row, idx, slot + 1],
+                                        sbuf[row, idx, slot + 2])
+        for b in cutlass.range_constexpr(5):
+            offset = const_expr(16 >> b)
+            n, m, q = merge_moments(n, m, q, cute.arch.shuffle_sync_bfly(n, offset=offset),
+                                    cute.arch.shuffle_sync_bfly(m, offset=offset),
+                                    cute.arch.shuffle_sync_bfly(q, offset=offset))
+    return n, m, q
 
 
 def _reduction_buffer_layout(launch: Launch, slots: int):
@@ -269,7 +381,9 @@ class NormForward:
             grid=[cute.ceil_div(mX.shape[0], L.rows_per_cta), L.cluster_n, 1],
             block=[L.num_threads, 1, 1],
             cluster=[1, L.cluster_n, 1] if const_expr(L.cluster_n > 1) else None,
-            min_blocks_per_mp=_STAGED_CTAS_PER_SM[self.op] if const_expr(L.stage_x and L.num_threads == 256) else 0,
+            min_blocks_per_mp=(
+                _ONE_EXCHANGE_CTAS_PER_SM if const_expr(L.one_exchange) else _STAGED_CTAS_PER_SM[self.op]
+            ) if const_expr(L.stage_x and L.num_threads == 256) else 0,
             preferred_smem_carveout=100 if const_expr(L.stage_x) else None,
             stream=stream,
         )
@@ -288,14 +402,17 @@ class NormForward:
         sX = None
         if const_expr(L.stage_x):
             sX = smem.allocate_tensor(self.dtype, cute.make_ordered_layout(tiler, order=(1, 0)), byte_alignment=16)
-        sbuf = smem.allocate_tensor(Float32, _reduction_buffer_layout(L, 2), byte_alignment=16)
+        # slots: RMSNorm's sum of squares; LayerNorm's sum and centred sum of squares, or its
+        # (count, mean, M2) triple (one_exchange)
+        slots = 3 if const_expr(L.one_exchange) else (2 if const_expr(self.layernorm) else 1)
+        sbuf = smem.allocate_tensor(Float32, _reduction_buffer_layout(L, slots), byte_alignment=16)
         mbar = None
         if const_expr(L.cluster_n > 1):
-            mbar = smem.allocate_array(Int64, num_elems=2)
-            if tidx < 2:
-                cute.arch.mbarrier_init(mbar + tidx, 1)
+            mbar = smem.allocate_array(Int64, num_elems=1)
+            if tidx == 0:
+                cute.arch.mbarrier_init(mbar, 1)
             cute.arch.mbarrier_init_fence()
-            cute.arch.cluster_arrive_relaxed()  # peers may push into us once all barriers exist
+            cute.arch.cluster_arrive_relaxed()  # peers may push into us once the barrier exists
 
         M = mX.shape[0]
         thr = tiled.get_slice(tidx)
@@ -329,11 +446,15 @@ class NormForward:
         if const_expr(L.stage_x):
             cute.arch.cp_async_wait_group(0)
             read_staged(tXsX, rX, atom, in_row)
-        x = rX.load().to(Float32)
         inv_n = const_expr(1.0 / n)
         mean = Float32(0.0)
-        if const_expr(self.layernorm):
-            (total,) = row_allreduce((x.reduce(cute.ReductionOp.ADD, Float32(0.0), 0),), L, sbuf, 0, mbar, 0)
+        if const_expr(L.one_exchange):
+            _, mean, m2 = row_moments(thread_moments(rX, in_row, L), L, sbuf, 0, mbar, 0)
+            rstd = cute.math.rsqrt(m2 * inv_n + eps)
+        elif const_expr(self.layernorm):
+            # one CTA per row (cluster_n == 1): two barrier-separated CTA reductions
+            (total,) = row_allreduce((rX.load().to(Float32).reduce(cute.ReductionOp.ADD, Float32(0.0), 0),),
+                                     L, sbuf, 0, None, 0)
             mean = total * inv_n
             if const_expr(L.stage_x):
                 read_staged(tXsX, rX, atom, in_row)
@@ -346,34 +467,65 @@ class NormForward:
                         for v in cutlass.range_constexpr(L.vec):
                             rXc[(v, 0), 0, k] = Float32(0.0)
             xc = rXc.load()
-            (ssq,) = row_allreduce(
-                ((xc * xc).reduce(cute.ReductionOp.ADD, Float32(0.0), 0),),
-                L, sbuf, 1, mbar + 1 if const_expr(mbar is not None) else None, 0,
-            )
+            (ssq,) = row_allreduce(((xc * xc).reduce(cute.ReductionOp.ADD, Float32(0.0), 0),), L, sbuf, 1, None, 0)
             rstd = cute.math.rsqrt(ssq * inv_n + eps)
         else:
+            x = rX.load().to(Float32)
             (ssq,) = row_allreduce(((x * x).reduce(cute.ReductionOp.ADD, Float32(0.0), 0),), L, sbuf, 0, mbar, 0)
             rstd = cute.math.rsqrt(ssq * inv_n + eps)
-        if const_expr(L.late_weights):
-            rW = load_weight(mW, atom, thr, tiler, rank, tXgX, in_row, L.rows_per_cta)
-            rB = load_weight(mB, atom, thr, tiler, rank, tXgX, in_row, L.rows_per_cta)
-        if const_expr(L.stage_x):
-            read_staged(tXsX, rX, atom, in_row)
-        y = rX.load().to(Float32) * rstd
-        if const_expr(self.layernorm):
-            y = (rX.load().to(Float32) - mean) * rstd
-        if const_expr(mW is not None):
-            y = y * rW.load().to(Float32)
-        if const_expr(mB is not None):
-            y = y + rB.load().to(Float32)
-        rY = cute.make_rmem_tensor_like(tXgY)
-        rY.store(y.to(self.dtype))
-        if row < M:
-            cute.copy(atom, rY, tXgY, pred=in_row)
+        if const_expr(L.one_exchange):
+            # y one vector at a time: x from shared memory, weight and bias from L2, so only one
+            # vector of each is live (all of them at once cost 80 registers, 3 CTAs per SM).
+            tXgW = None if const_expr(mW is None) else thr.partition_S(
+                cute.local_tile(_broadcast_rows(mW, L.rows_per_cta), tiler, (0, rank)))
+            tXgB = None if const_expr(mB is None) else thr.partition_S(
+                cute.local_tile(_broadcast_rows(mB, L.rows_per_cta), tiler, (0, rank)))
+            for k in cutlass.range_constexpr(L.vecs_per_thread):
+                if const_expr(whole_row):
+                    normalize_vector(tXsX, tXgW, tXgB, tXgY, k, mean, rstd, atom, row < M)
+                else:
+                    normalize_vector(tXsX, tXgW, tXgB, tXgY, k, mean, rstd, atom, row < M and in_row[0, 0, k])
+        else:
+            if const_expr(L.late_weights):
+                rW = load_weight(mW, atom, thr, tiler, rank, tXgX, in_row, L.rows_per_cta)
+                rB = load_weight(mB, atom, thr, tiler, rank, tXgX, in_row, L.rows_per_cta)
+            if const_expr(L.stage_x):
+                read_staged(tXsX, rX, atom, in_row)
+            y = rX.load().to(Float32) * rstd
+            if const_expr(self.layernorm):
+                y = (rX.load().to(Float32) - mean) * rstd
+            if const_expr(mW is not None):
+                y = y * rW.load().to(Float32)
+            if const_expr(mB is not None):
+                y = y + rB.load().to(Float32)
+            rY = cute.make_rmem_tensor_like(tXgY)
+            rY.store(y.to(self.dtype))
+            if row < M:
+                cute.copy(atom, rY, tXgY, pred=in_row)
+        if row < M:  # noqa: SIM102 (as one `and` it compiles differently; this form was measured)
             if tXcX[0][1] == 0:  # the thread holding column 0 (in CTA 0 of the cluster)
                 mRstd[row] = rstd
                 if const_expr(mMean is not None):
                     mMean[row] = mean
+
+
+@cute.jit
+def normalize_vector(tXsX, tXgW, tXgB, tXgY, k: cutlass.Constexpr, mean, rstd, atom, valid: Boolean):
+    """y = (x - mean) * rstd * w + b for this thread's k-th vector (LayerNorm, x staged)."""
+    if valid:
+        rX = cute.make_rmem_tensor_like(tXgY[None, None, k])
+        cute.autovec_copy(tXsX[None, None, k], rX)
+        y = (rX.load().to(Float32) - mean) * rstd
+        if const_expr(tXgW is not None):
+            rW = cute.make_rmem_tensor_like(rX)
+            cute.copy(atom, tXgW[None, None, k], rW)
+            y = y * rW.load().to(Float32)
+        if const_expr(tXgB is not None):
+            rB = cute.make_rmem_tensor_like(rX)
+            cute.copy(atom, tXgB[None, None, k], rB)
+            y = y + rB.load().to(Float32)
+        rX.store(y.to(rX.element_type))
+        cute.copy(atom, rX, tXgY[None, None, k])
 
 
 def load_weight(mV, atom, thr, tiler, rank, like: cute.Tensor, in_row, rows: int):

@@ -9,7 +9,10 @@ A ``Config`` says how a kernel walks the (M, N) input:
   registers; otherwise rows are walked in column chunks of this many elements, twice (see
   ``norm_kernels``). Backward, sliced: the width of the tiles in which a program streams the
   other slices of its rows (without ``row_sums``).
-* ``programs_per_sm``: backward only, the size of the persistent grid.
+* ``programs_per_sm``: the size of the persistent grid: the backward's always, the chunked
+  forward's with ``persistent``.
+* ``persistent``: chunked forward only: a grid of ``programs_per_sm`` programs per SM, each walking
+  several row blocks, instead of one program per row block (1-2% faster at N = 65536 on the H200).
 * ``reread``: backward, whole-row kernel only: read each row a second time (from L1/L2) for dx
   instead of holding x and dy in registers across the row reductions, leaving the registers to the
   dw/db accumulators (for rows too wide to keep both).
@@ -62,6 +65,7 @@ class Config:
     reread: bool = False
     slice: int = 0
     row_sums: bool = False
+    persistent: bool = False
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -122,7 +126,13 @@ def candidates(direction: str, n: int) -> list[Config]:
                     if rows * b <= max(b, 16384) and 8 <= per_thread <= 64:
                         out.append(Config(rows=rows, warps=warps))
         if b >= 16384:
-            out += [Config(rows=1, warps=w, chunk=c) for c in (8192, 16384) for w in (8, 16) if c < b]
+            for c in (8192, 16384, 32768):
+                for w in (8, 16, 32):
+                    if c < b and 8 <= c // (32 * w) <= 64:
+                        out += [
+                            Config(rows=1, warps=w, chunk=c),
+                            Config(rows=1, warps=w, chunk=c, persistent=True, programs_per_sm=2),
+                        ]
         return out or [heuristic(direction, n)]
     if b <= 8192:
         for rows in (1, 2, 4):

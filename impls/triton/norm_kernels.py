@@ -20,7 +20,11 @@ How a row is walked (``Config``, chosen per GPU and N bucket in ``norm_configs``
   leaves the registers to the dw/db accumulators (rows of ~8-16K elements);
 * forward, chunked, for rows too wide for registers: pass 1 walks the row in column chunks for the
   statistics, pass 2 walks it again *backwards* to write y, so that it starts on the chunks pass 1
-  read last, which are still in L2 (a forward walk would start on the ones evicted first);
+  read last, which are still in L2 (a forward walk would start on the ones evicted first); L2
+  eviction hints keep the rows between their two reads (pass 1 evict_last, pass 2 and y
+  evict_first). With 132 SMs x one 512 KB row in flight at N = 262144 (more than the ~50 MB L2)
+  they do not suffice: 61-68% of copy bandwidth there on an H200, about what reading x twice from
+  DRAM allows;
 * backward, sliced, for rows too wide for registers: each program owns a column slice (``slice``)
   of a group of rows, so that its dw/db accumulators (slice-wide) stay in registers; the row
   reductions c1, c2 need the whole row, and come from a first kernel that sums each (row, slice)
@@ -90,62 +94,70 @@ def _norm_fwd_chunked_kernel(
     LAYERNORM: tl.constexpr, HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr,
     ROWS: tl.constexpr, CHUNK: tl.constexpr,
 ):  # fmt: skip
-    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
-    row_mask = rows < M
-    rows = rows.to(tl.int64)
-    x_rows = X + rows[:, None] * stride_x
     n_chunks = tl.cdiv(N, CHUNK)
+    # One row block per program, or several with a persistent grid (``Config.persistent``).
+    for block in range(tl.program_id(0), tl.cdiv(M, ROWS), tl.num_programs(0)):
+        rows = block * ROWS + tl.arange(0, ROWS)
+        row_mask = rows < M
+        rows = rows.to(tl.int64)
+        x_rows = X + rows[:, None] * stride_x
 
-    # pass 1: the statistics
-    if LAYERNORM:
-        # Chan et al.'s merge of per-chunk (mean, sum of squared deviations): no E[x^2] - E[x]^2
-        mean = tl.zeros([ROWS], dtype=tl.float32)
-        m2 = tl.zeros([ROWS], dtype=tl.float32)
-        for c in range(0, n_chunks):
-            cols = c * CHUNK + tl.arange(0, CHUNK)
-            mask = row_mask[:, None] & (cols < N)[None, :]
-            x = tl.load(x_rows + cols[None, :], mask=mask, other=0.0).to(tl.float32)
-            seen = tl.cast(c * CHUNK, tl.float32)
-            count = tl.cast(tl.minimum(N - c * CHUNK, CHUNK), tl.float32)
-            chunk_mean = tl.sum(x, axis=1) / count
-            dev = tl.where(mask, x - chunk_mean[:, None], 0.0)
-            delta = chunk_mean - mean
-            mean = mean + delta * (count / (seen + count))
-            m2 = m2 + tl.sum(dev * dev, axis=1) + delta * delta * (seen * count / (seen + count))
-        rstd = tl.rsqrt(m2 / N + eps)
-        tl.store(MEAN + rows, mean, mask=row_mask)
-    else:
-        sum_sq = tl.zeros([ROWS, CHUNK], dtype=tl.float32)
-        for c in range(0, n_chunks):
-            cols = c * CHUNK + tl.arange(0, CHUNK)
-            mask = row_mask[:, None] & (cols < N)[None, :]
-            x = tl.load(x_rows + cols[None, :], mask=mask, other=0.0).to(tl.float32)
-            sum_sq += x * x
-        rstd = tl.rsqrt(tl.sum(sum_sq, axis=1) / N + eps)
-    tl.store(RSTD + rows, rstd, mask=row_mask)
-
-    # pass 2, last chunk first (still in L2): y
-    for i in range(0, n_chunks):
-        cols = (n_chunks - 1 - i) * CHUNK + tl.arange(0, CHUNK)
-        col_mask = cols < N
-        mask = row_mask[:, None] & col_mask[None, :]
-        x = tl.load(x_rows + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+        # pass 1: the statistics. evict_last asks L2 to keep the row for pass 2, which reads it
+        # evict_first (its last use) and writes y evict_first too, so that neither pushes out the
+        # rows still waiting for their second read (H200: 2-5% faster at N = 32768-262144).
         if LAYERNORM:
-            x = x - mean[:, None]
-        y = x * rstd[:, None]
-        if HAS_WEIGHT:
-            y = y * tl.load(W + cols, mask=col_mask, other=0.0).to(tl.float32)[None, :]
-        if HAS_BIAS:
-            y = y + tl.load(B + cols, mask=col_mask, other=0.0).to(tl.float32)[None, :]
-        tl.store(Y + rows[:, None] * stride_y + cols[None, :], y.to(Y.dtype.element_ty), mask=mask)
+            # Chan et al.'s merge of per-chunk (mean, sum of squared deviations): no E[x^2] - E[x]^2
+            mean = tl.zeros([ROWS], dtype=tl.float32)
+            m2 = tl.zeros([ROWS], dtype=tl.float32)
+            for c in range(0, n_chunks):
+                cols = c * CHUNK + tl.arange(0, CHUNK)
+                mask = row_mask[:, None] & (cols < N)[None, :]
+                x = tl.load(x_rows + cols[None, :], mask=mask, other=0.0, eviction_policy="evict_last").to(tl.float32)
+                seen = tl.cast(c * CHUNK, tl.float32)
+                count = tl.cast(tl.minimum(N - c * CHUNK, CHUNK), tl.float32)
+                chunk_mean = tl.sum(x, axis=1) / count
+                dev = tl.where(mask, x - chunk_mean[:, None], 0.0)
+                delta = chunk_mean - mean
+                mean = mean + delta * (count / (seen + count))
+                m2 = m2 + tl.sum(dev * dev, axis=1) + delta * delta * (seen * count / (seen + count))
+            rstd = tl.rsqrt(m2 / N + eps)
+            tl.store(MEAN + rows, mean, mask=row_mask)
+        else:
+            sum_sq = tl.zeros([ROWS, CHUNK], dtype=tl.float32)
+            for c in range(0, n_chunks):
+                cols = c * CHUNK + tl.arange(0, CHUNK)
+                mask = row_mask[:, None] & (cols < N)[None, :]
+                x = tl.load(x_rows + cols[None, :], mask=mask, other=0.0, eviction_policy="evict_last").to(tl.float32)
+                sum_sq += x * x
+            rstd = tl.rsqrt(tl.sum(sum_sq, axis=1) / N + eps)
+        tl.store(RSTD + rows, rstd, mask=row_mask)
+
+        # pass 2, last chunk first (still in L2): y
+        for i in range(0, n_chunks):
+            cols = (n_chunks - 1 - i) * CHUNK + tl.arange(0, CHUNK)
+            col_mask = cols < N
+            mask = row_mask[:, None] & col_mask[None, :]
+            x = tl.load(x_rows + cols[None, :], mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
+            if LAYERNORM:
+                x = x - mean[:, None]
+            y = x * rstd[:, None]
+            if HAS_WEIGHT:
+                y = y * tl.load(W + cols, mask=col_mask, other=0.0).to(tl.float32)[None, :]
+            if HAS_BIAS:
+                y = y + tl.load(B + cols, mask=col_mask, other=0.0).to(tl.float32)[None, :]
+            tl.store(Y + rows[:, None] * stride_y + cols[None, :], y.to(Y.dtype.element_ty), mask=mask,
+                     eviction_policy="evict_first")  # fmt: skip
 
 
 def launch_fwd(cfg: Config, x, weight, bias, eps, layernorm: bool, y, mean, rstd):
     """Run the forward with ``cfg`` into y / mean / rstd; returns the compiled kernel (its
     ``n_regs`` and ``n_spills`` are the compiler's report)."""
     M, N = x.shape
+    grid = triton.cdiv(M, cfg.rows)
+    if cfg.chunk and cfg.persistent:
+        grid = min(grid, cfg.programs_per_sm * sm_count(x.device))
     kernel, width = (_norm_fwd_chunked_kernel, cfg.chunk) if cfg.chunk else (_norm_fwd_row_kernel, bucket(N))
-    return kernel[(triton.cdiv(M, cfg.rows),)](
+    return kernel[(grid,)](
         x, x if weight is None else weight, x if bias is None else bias, y, mean, rstd,  # x: never read
         M, N, x.stride(0), y.stride(0), eps,
         layernorm, weight is not None, bias is not None,
