@@ -49,6 +49,15 @@ def test_launch_shapes_cover_the_row_once():
                     assert L.cluster_n == 1 or L.rows_per_cta == 1
                     assert L.chunk * elem <= 2 * 32 * 1024 or L.cluster_n == 16
                     assert not L.stage_x or (direction == "fwd" and L.threads_per_row >= 32)
+                    few = K.launch_shape(n, elem, vec, direction, op, few_rows=True)
+                    assert few == L if L.cluster_n > 1 or not L.stage_x else not few.stage_x
+
+
+def test_few_rows_compile_an_unstaged_forward():
+    """LayerNorm rows of 16 KB are staged in shared memory for many rows, not for a decode batch."""
+    assert K.launch_shape(8192, 2, 8, "fwd", "layernorm").stage_x
+    assert not K.launch_shape(8192, 2, 8, "fwd", "layernorm", few_rows=True).stage_x
+    assert K.compile_only("layernorm", "fwd", torch.bfloat16, 8192, few_rows=True) > 0
 
 
 def test_vector_width_respects_strides_and_alignment():

@@ -124,6 +124,7 @@ PATHS = {
     "row, M < programs": (ROW, C.Config(rows=1, warps=4, programs_per_sm=8)),
     "row, M % rows != 0": (C.Config(rows=8), C.Config(rows=8, programs_per_sm=1)),
     "row, re-read": (ROW, C.Config(rows=2, programs_per_sm=2, reread=True)),
+    "row, exact N": (C.Config(rows=4, warps=4, exact_n=True), C.Config(rows=2, programs_per_sm=2, reread=True, exact_n=True)),
     "chunked / sliced with row sums": (CHUNKED_FWD, SLICED_BWD),
     "one chunk / slice per row": (C.Config(rows=1, chunk=1024), C.Config(rows=4, slice=2048, row_sums=True, programs_per_sm=2)),
     # 4 slices of 1001 columns, each streamed in 2 tiles by its siblings; 10 row groups
@@ -138,7 +139,7 @@ SHAPES = [Shape((37, 1001)), Shape((2, 5, 130), "column-slice")]
 def test_kernel_paths(path, op, direction):
     kernels = _kernels(*PATHS[path])
     points = [(shape, "bf16", True) for shape in SHAPES]
-    if path in ("chunked / sliced with row sums", "row, re-read", "sliced, streamed"):
+    if path in ("chunked / sliced with row sums", "row, re-read", "row, exact N", "sliced, streamed"):
         points += [(SHAPES[0], "fp32", True), (SHAPES[0], "bf16", False)]
     for shape, dtype, affine in points:
         r = run_check(IMPL, op, direction, shape, dtype, DEVICE, affine=affine, kernels=kernels)

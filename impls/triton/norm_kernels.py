@@ -62,8 +62,10 @@ def _norm_fwd_row_kernel(
     X, W, B, Y, MEAN, RSTD,
     M, N, stride_x, stride_y, eps,
     LAYERNORM: tl.constexpr, HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr,
-    ROWS: tl.constexpr, BLOCK_N: tl.constexpr,
+    ROWS: tl.constexpr, BLOCK_N: tl.constexpr, EXACT_N: tl.constexpr,
 ):  # fmt: skip
+    if EXACT_N:  # Config.exact_n: N known at compile time, the masks of whole vectors fold away
+        N = EXACT_N
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     cols = tl.arange(0, BLOCK_N)
     row_mask = rows < M
@@ -157,11 +159,12 @@ def launch_fwd(cfg: Config, x, weight, bias, eps, layernorm: bool, y, mean, rstd
     if cfg.chunk and cfg.persistent:
         grid = min(grid, cfg.programs_per_sm * sm_count(x.device))
     kernel, width = (_norm_fwd_chunked_kernel, cfg.chunk) if cfg.chunk else (_norm_fwd_row_kernel, bucket(N))
+    exact = () if cfg.chunk else (N if cfg.exact_n else 0,)
     return kernel[(grid,)](
         x, x if weight is None else weight, x if bias is None else bias, y, mean, rstd,  # x: never read
         M, N, x.stride(0), y.stride(0), eps,
         layernorm, weight is not None, bias is not None,
-        cfg.rows, width, num_warps=cfg.warps,
+        cfg.rows, width, *exact, num_warps=cfg.warps,
     )  # fmt: skip
 
 
@@ -196,8 +199,10 @@ def _norm_bwd_row_kernel(
     DY, X, W, MEAN, RSTD, DX, DW_PARTIAL, DB_PARTIAL,
     M, N, stride_dy, stride_x, stride_dx,
     LAYERNORM: tl.constexpr, HAS_WEIGHT: tl.constexpr,
-    ROWS: tl.constexpr, BLOCK_N: tl.constexpr, REREAD: tl.constexpr,
+    ROWS: tl.constexpr, BLOCK_N: tl.constexpr, REREAD: tl.constexpr, EXACT_N: tl.constexpr,
 ):  # fmt: skip
+    if EXACT_N:  # Config.exact_n (see the forward)
+        N = EXACT_N
     cols = tl.arange(0, BLOCK_N)
     col_mask = cols < N
     if HAS_WEIGHT:
@@ -446,7 +451,7 @@ def launch_bwd(cfg: Config, dy, x, weight, mean, rstd, layernorm: bool, dx, sums
             M, N, dy.stride(0), x.stride(0), dx.stride(0),
             layernorm, weight is not None, cfg.rows,
         )  # fmt: skip
-        compiled = _norm_bwd_row_kernel[(partial_rows,)](*args, bucket(N), cfg.reread, num_warps=cfg.warps)
+        compiled = _norm_bwd_row_kernel[(partial_rows,)](*args, bucket(N), cfg.reread, N if cfg.exact_n else 0, num_warps=cfg.warps)
     if n_sums:
         if x.is_cuda:
             # narrow column strips, so that even N = 1024 spreads over dozens of SMs: a handful of
