@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import statistics
 import time
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -48,6 +49,11 @@ def _per_call_us(fn, device: str, calls: int, trials: int) -> float:
     return statistics.median(times)
 
 
+def _leaves(case: dict):
+    """x, weight, bias of ``case`` as fresh leaves that require grad (None stays None)."""
+    return tuple(None if t is None else t.detach().clone().requires_grad_(True) for t in (case["x"], case["weight"], case["bias"]))
+
+
 def measure(impl, op: str, shape: Shape, dtype: str = "bf16", device: str = "cuda", calls: int = 200, trials: int = 5) -> dict:
     """Host microseconds per call of one implementation for one op (fwd, bwd, autograd fwd+bwd)."""
     k = impl.kernels(device)
@@ -55,9 +61,7 @@ def measure(impl, op: str, shape: Shape, dtype: str = "bf16", device: str = "cud
     out = {"impl": impl.name, "dsl": impl.dsl, "op": op, "shape": shape.label, "dtype": dtype}
     for direction in ("fwd", "bwd"):
         out[f"contract_{direction}_us"] = _per_call_us(autograd.callables(k, op, direction, case), device, calls, trials)
-    x = case["x"].detach().clone().requires_grad_(True)
-    w = case["weight"].detach().clone().requires_grad_(True) if case["weight"] is not None else None
-    b = case["bias"].detach().clone().requires_grad_(True) if case["bias"] is not None else None
+    x, w, b = _leaves(case)
     dy = case["dy"]
 
     def step():
@@ -76,13 +80,11 @@ def measure_native(op: str, shape: Shape, dtype: str = "bf16", device: str = "cu
     """The reference row: the forward (no grad) and the autograd step through PyTorch's own norms."""
     case = make_case(op, shape, DTYPES[dtype], device)
     n, eps = case["x"].shape[-1], case["eps"]
-    x = case["x"].detach().clone().requires_grad_(True)
-    w = case["weight"].detach().clone().requires_grad_(True) if case["weight"] is not None else None
-    b = case["bias"].detach().clone().requires_grad_(True) if case["bias"] is not None else None
+    x, w, b = _leaves(case)
     if op == "rmsnorm":
-        fwd = lambda: torch.nn.functional.rms_norm(x, (n,), w, eps)  # noqa: E731
+        fwd = lambda: torch.nn.functional.rms_norm(x, (n,), w, eps)
     else:
-        fwd = lambda: torch.nn.functional.layer_norm(x, (n,), w, b, eps)  # noqa: E731
+        fwd = lambda: torch.nn.functional.layer_norm(x, (n,), w, b, eps)
 
     def forward_only():
         with torch.no_grad():
@@ -104,15 +106,17 @@ def run(impls, ops, shape: Shape, dtype: str, device: str, out_path: Path | None
 
     rows = []
     with Progress(transient=True) as bar:
-        todo = [(None, op) for op in ops] + [(i, op) for i in impls for op in ops if op in i.ops and not i.unavailable(device)]
+        # (name, dsl, op, the measurement): the reference rows first
+        todo = [(NATIVE, "reference", op, partial(measure_native, op)) for op in ops] + [
+            (i.name, i.dsl, op, partial(measure, i, op)) for i in impls for op in ops if op in i.ops and not i.unavailable(device)
+        ]
         task = bar.add_task("overhead", total=len(todo))
-        for impl, op in todo:
-            name = impl.name if impl else NATIVE
+        for name, dsl, op, measure_one in todo:
             bar.update(task, description=f"{name} {op}")
             try:
-                rows.append(measure(impl, op, shape, dtype, device, calls, trials) if impl else measure_native(op, shape, dtype, device, calls, trials))
+                rows.append(measure_one(shape, dtype, device, calls, trials))
             except Exception as e:  # one failing implementation never stops the run
-                rows.append({"impl": name, "dsl": impl.dsl if impl else "reference", "op": op, "shape": shape.label, "dtype": dtype, "error": describe_error(e)})
+                rows.append({"impl": name, "dsl": dsl, "op": op, "shape": shape.label, "dtype": dtype, "error": describe_error(e)})
             bar.advance(task)
             if out_path is not None:
                 out_path.write_text(json.dumps({"device": _device_name(device), "calls": calls, "trials": trials, "rows": rows}, indent=1) + "\n")

@@ -50,7 +50,7 @@ import torch
 
 CONFIG_FILE = Path(__file__).with_name("configs.json")
 DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
-ITEMSIZE = {"bf16": 2, "fp16": 2, "fp32": 4}
+ITEMSIZE = {name: dtype.itemsize for dtype, name in DTYPE_NAMES.items()}
 SAME_SIZE = {"bf16": "fp16", "fp16": "bf16"}
 
 
