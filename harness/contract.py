@@ -1,26 +1,37 @@
 """The implementation contract, and the declarative record every implementation registers.
 
-An implementation module (``impls/<name>/...``) defines four functions::
+An implementation module (``impls/<name>/...``) defines two functions per op it provides::
 
-    rmsnorm_fwd(x, weight, eps)                  -> (y, rstd)
-    rmsnorm_bwd(dy, x, weight, rstd)             -> (dx, dweight)
-    layernorm_fwd(x, weight, bias, eps)          -> (y, mean, rstd)
-    layernorm_bwd(dy, x, weight, mean, rstd)     -> (dx, dweight, dbias)
+    rmsnorm_fwd(x, weight, eps)                                -> (y, rstd)
+    rmsnorm_bwd(dy, x, weight, rstd)                           -> (dx, dweight)
+    layernorm_fwd(x, weight, bias, eps)                        -> (y, mean, rstd)
+    layernorm_bwd(dy, x, weight, mean, rstd)                   -> (dx, dweight, dbias)
+    add_rmsnorm_fwd(x, residual, weight, eps)                  -> (y, residual_out, rstd)
+    add_rmsnorm_bwd(dy, dresidual_out, residual_out, weight, rstd) -> (dh, dweight)
+
+``add_rmsnorm`` is the norm after a residual add: ``residual_out = x + residual`` rounded to x's
+dtype (what the unfused model stores), ``y = rmsnorm(residual_out)``; its backward returns
+``dh = rmsnorm_bwd(dy) + dresidual_out`` (``dresidual_out`` may be None), the gradient of both x
+and residual.
 
 What a kernel function may assume (the harness guarantees it, see ``checked_call``):
 
 * ``x`` and ``dy`` are 2-D ``(M, N)`` with ``M >= 1``, ``N >= 1`` and unit stride along N; the row
   stride is arbitrary (a column slice of a wider tensor arrives as a view, not a copy).
-* ``weight`` / ``bias`` are contiguous 1-D ``(N,)`` tensors of x's dtype on x's device, or ``None``.
+* ``weight`` / ``bias`` are contiguous 1-D ``(N,)`` tensors on x's device, of x's dtype or float32
+  (mixed precision: fp32 parameters beside 16-bit activations), or ``None``.
   ``weight=None`` means ``elementwise_affine=False`` (scale 1, no dweight: return ``None``);
   ``bias=None`` means no bias in the forward. The backward is not told whether a bias exists and
   always returns dbias = sum over rows of dy (x's dtype); the autograd layer drops it when unused.
 * ``rstd`` / ``mean`` are contiguous fp32 ``(M,)``.
 * ``eps`` is a Python float (a runtime argument: kernels must not specialise on it).
 
-What it must return: y / dx in x's dtype, shape (M, N), contiguous; statistics fp32 (M,); dweight /
-dbias in x's dtype (which is weight's: the harness requires them equal), reduced over all rows
-in fp32.
+* ``residual`` / ``dresidual_out`` / ``residual_out`` are 2-D like x, same dtype (``dresidual_out``
+  may be ``None``).
+
+What it must return: y / dx / residual_out / dh in x's dtype, shape (M, N), contiguous; statistics
+fp32 (M,); dweight / dbias in the weight's dtype (x's or fp32), reduced over all rows in fp32
+(``None`` for dweight when weight is None).
 
 An implementation that does not want to handle ``weight=None`` itself sets
 ``handles_no_affine=False`` and the harness passes a ones vector (and drops dweight) instead.
@@ -38,11 +49,21 @@ from typing import Any, Callable
 
 import torch
 
-OPS = ("rmsnorm", "layernorm")
+OPS = ("rmsnorm", "layernorm", "add_rmsnorm")
+# what an implementation provides when its record does not say
+DEFAULT_OPS = ("rmsnorm", "layernorm")
 DIRECTIONS = ("fwd", "bwd")
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 DTYPE_NAMES = {v: k for k, v in DTYPES.items()}
-FUNCTIONS = ("rmsnorm_fwd", "rmsnorm_bwd", "layernorm_fwd", "layernorm_bwd")
+FUNCTIONS = tuple(f"{op}_{d}" for op in OPS for d in DIRECTIONS)
+# parameter dtypes a kernel may be given beside x's own (16-bit x with fp32 weights)
+PARAM_DTYPES = (torch.float32,)
+
+
+def split_function(fn_name: str) -> tuple[str, str]:
+    """'add_rmsnorm_fwd' -> ('add_rmsnorm', 'fwd')."""
+    op, _, direction = fn_name.rpartition("_")
+    return op, direction
 
 # How a DSL runs without a GPU: the environment variable that switches its interpreter on.
 # Triton's must be set before triton is first imported (it decorates its own language functions
@@ -106,7 +127,7 @@ class Implementation:
     dsl: str  # eager | compile | triton | helion | cute | llm-<dsl> | external
     entry: str  # "package.module" defining the four functions, or "package.module:factory"
     description: str = ""
-    ops: tuple[str, ...] = OPS
+    ops: tuple[str, ...] = DEFAULT_OPS
     dtypes: tuple[str, ...] = tuple(DTYPES)
     devices: tuple[str, ...] = ("cuda",)
     requires: tuple[Requirement, ...] = ()
@@ -168,7 +189,7 @@ class Implementation:
         if key not in _KERNEL_CACHE:
             raw = _load_raw(self, device)
             _KERNEL_CACHE[key] = SimpleNamespace(
-                **{fn: _checked(self, fn, getattr(raw, fn)) for fn in FUNCTIONS if fn.split("_")[0] in self.ops},
+                **{fn: _checked(self, fn, getattr(raw, fn)) for fn in FUNCTIONS if split_function(fn)[0] in self.ops},
                 raw=raw,
                 impl=self,
             )
@@ -224,7 +245,7 @@ def _load_raw(impl: Implementation, device: str):
         mod = importlib.import_module(mod_name)
         raw = getattr(mod, factory)(**impl.options) if factory else mod
     for fn in FUNCTIONS:
-        if fn.split("_")[0] in impl.ops and not callable(getattr(raw, fn, None)):
+        if split_function(fn)[0] in impl.ops and not callable(getattr(raw, fn, None)):
             raise TypeError(f"implementation '{impl.name}' ({impl.entry}) does not define {fn}()")
     _RAW_CACHE[impl] = raw
     return raw
@@ -270,9 +291,19 @@ def _vector(t, n: int, x: torch.Tensor, what: str):
     if t.dim() != 1 or t.shape[0] != n:
         raise ValueError(f"{what} must have shape ({n},) to match x's last dimension, got {tuple(t.shape)}")
     _same_device(t, x, what)
+    if t.dtype != x.dtype and t.dtype not in PARAM_DTYPES:
+        raise TypeError(f"{what} must have x's dtype {x.dtype} or float32, got {t.dtype}")
+    return t.contiguous()
+
+
+def _like_x(t, x: torch.Tensor, what: str):
+    """A tensor that must match x in shape, dtype and device (dy, residual, ...)."""
+    _is_tensor(t, what)
+    if t.shape != x.shape:
+        raise ValueError(f"{what} has shape {tuple(t.shape)} but x has {tuple(x.shape)}")
+    _same_device(t, x, what)
     if t.dtype != x.dtype:
         raise TypeError(f"{what} must have x's dtype {x.dtype}, got {t.dtype}")
-    return t.contiguous()
 
 
 def _rows(t: torch.Tensor, n: int) -> torch.Tensor:
@@ -315,71 +346,94 @@ def _x(x, impl: Implementation, what: str = "x") -> tuple[int, int]:
 
 def _checked(impl: Implementation, fn_name: str, fn: Callable) -> Callable:
     """Wrap a raw contract function with validation, (..., N) <-> (M, N) reshaping and M = 0."""
-    op, direction = fn_name.split("_")
+    op, direction = split_function(fn_name)
     layer = op == "layernorm"
+    fused_add = op == "add_rmsnorm"
 
-    def forward(x, weight, bias, eps):
+    def ones_if_needed(w, x, n):
+        if w is None and not impl.handles_no_affine:
+            return torch.ones(n, dtype=x.dtype, device=x.device)
+        return w
+
+    def forward(x, residual, weight, bias, eps):
         m, n = _x(x, impl)
         eps = _eps(eps)
+        if fused_add:
+            _like_x(residual, x, "residual")
         w = _vector(weight, n, x, "weight")
         b = _vector(bias, n, x, "bias")
         lead = x.shape[:-1]
         if m == 0:
             y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
             st = torch.empty(lead, dtype=torch.float32, device=x.device)
+            if fused_add:
+                return y, y.clone(), st
             return (y, st, st.clone()) if layer else (y, st)
-        if w is None and not impl.handles_no_affine:
-            w = torch.ones(n, dtype=x.dtype, device=x.device)
+        w = ones_if_needed(w, x, n)
         x2 = _rows(x, n)
         with interpreter_env(impl, x.device.type):
-            y, *stats = fn(x2, w, b, eps) if layer else fn(x2, w, eps)
+            if fused_add:
+                out = fn(x2, _rows(residual, n), w, eps)
+            else:
+                out = fn(x2, w, b, eps) if layer else fn(x2, w, eps)
         if x.dim() == 2:  # already (M, N): a reshape per output costs host time (~5 us each)
-            return (y, *stats)
-        return (y.reshape(x.shape), *(s.reshape(lead) for s in stats))
+            return tuple(out)
+        return tuple(o.reshape(x.shape) if o.dim() == 2 else o.reshape(lead) for o in out)
 
-    def backward(dy, x, weight, stats):
-        m, n = _x(x, impl)
-        _is_tensor(dy, "dy")
-        if dy.shape != x.shape:
-            raise ValueError(f"dy has shape {tuple(dy.shape)} but x has {tuple(x.shape)}")
-        _same_device(dy, x, "dy")
-        if dy.dtype != x.dtype:
-            raise TypeError(f"dy must have x's dtype {x.dtype}, got {dy.dtype}")
+    def backward(dy, dres, x, weight, stats):
+        m, n = _x(x, impl, "residual_out" if fused_add else "x")
+        _like_x(dy, x, "dy")
+        if dres is not None:
+            _like_x(dres, x, "dresidual_out")
         w = _vector(weight, n, x, "weight")
         names = ("mean", "rstd") if layer else ("rstd",)
         stats = [_stats(s, m, x, name) for s, name in zip(stats, names)]
         has_w = w is not None
         if m == 0:
             dx = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-            zero = torch.zeros(n, dtype=x.dtype, device=x.device)
+            zero = torch.zeros(n, dtype=w.dtype if has_w else x.dtype, device=x.device)
             dw = zero if has_w else None
             return (dx, dw, zero.clone()) if layer else (dx, dw)
-        if not has_w and not impl.handles_no_affine:
-            w = torch.ones(n, dtype=x.dtype, device=x.device)
+        w = ones_if_needed(w, x, n)
         with interpreter_env(impl, x.device.type):
-            dx, dw, *db = fn(_rows(dy, n), _rows(x, n), w, *stats)
+            if fused_add:
+                dx, dw, *db = fn(_rows(dy, n), None if dres is None else _rows(dres, n), _rows(x, n), w, *stats)
+            else:
+                dx, dw, *db = fn(_rows(dy, n), _rows(x, n), w, *stats)
         return (dx if x.dim() == 2 else dx.reshape(x.shape), dw if has_w else None, *db)
 
     if fn_name == "rmsnorm_fwd":
 
         def rmsnorm_fwd(x, weight, eps):
-            return forward(x, weight, None, eps)
+            return forward(x, None, weight, None, eps)
 
         return rmsnorm_fwd
     if fn_name == "layernorm_fwd":
 
         def layernorm_fwd(x, weight, bias, eps):
-            return forward(x, weight, bias, eps)
+            return forward(x, None, weight, bias, eps)
 
         return layernorm_fwd
+    if fn_name == "add_rmsnorm_fwd":
+
+        def add_rmsnorm_fwd(x, residual, weight, eps):
+            return forward(x, residual, weight, None, eps)
+
+        return add_rmsnorm_fwd
     if fn_name == "rmsnorm_bwd":
 
         def rmsnorm_bwd(dy, x, weight, rstd):
-            return backward(dy, x, weight, (rstd,))
+            return backward(dy, None, x, weight, (rstd,))
 
         return rmsnorm_bwd
+    if fn_name == "add_rmsnorm_bwd":
+
+        def add_rmsnorm_bwd(dy, dresidual_out, residual_out, weight, rstd):
+            return backward(dy, dresidual_out, residual_out, weight, (rstd,))
+
+        return add_rmsnorm_bwd
 
     def layernorm_bwd(dy, x, weight, mean, rstd):
-        return backward(dy, x, weight, (mean, rstd))
+        return backward(dy, None, x, weight, (mean, rstd))
 
     return layernorm_bwd

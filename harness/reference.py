@@ -7,6 +7,9 @@ Backward, with xhat the normalized row and g = dy * w:
 RMSNorm:   dx = rstd * (g - xhat * mean(g * xhat))                   dw = sum_rows(dy * xhat)
 LayerNorm: dx = rstd * (g - xhat * mean(g * xhat) - mean(g))         dw = sum_rows(dy * xhat), db = sum_rows(dy)
 
+Add + RMSNorm: h = round_to_x_dtype(x + residual) (what the unfused model stores), y = RMSNorm(h);
+backward dh = RMSNorm's dx + dresidual_out (the gradient reaching h through the residual stream).
+
 Inputs are the same low-precision tensors the kernels see, upcast to fp64; the backward reference
 uses its own fp64 statistics, while kernels are given those statistics rounded to fp32.
 """
@@ -62,3 +65,17 @@ def layernorm_bwd(dy, x, weight, mean, rstd):
     dx = rstd * (g - xhat * (g * xhat).mean(-1, keepdim=True) - g.mean(-1, keepdim=True))
     dw = _column_sum(dy * xhat) if weight is not None else None
     return dx, dw, _column_sum(dy)
+
+
+def add_rmsnorm_fwd(x, residual, weight, eps):
+    # the sum is rounded once to x's dtype, as the unfused pair stores it; fp64 then sees that value
+    h = (_f64(x) + _f64(residual)).to(x.dtype)
+    y, rstd = rmsnorm_fwd(h, weight, eps)
+    return y, _f64(h), rstd
+
+
+def add_rmsnorm_bwd(dy, dresidual_out, residual_out, weight, rstd):
+    dh, dw = rmsnorm_bwd(dy, residual_out, weight, rstd)
+    if dresidual_out is not None:
+        dh = dh + _f64(dresidual_out)
+    return dh, dw

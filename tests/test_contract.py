@@ -20,7 +20,7 @@ def x_w(m=4, n=16, dtype=torch.bfloat16):
     [
         (lambda x, w: K.rmsnorm_fwd(x, w[:-1], 1e-5), ValueError, "shape"),
         (lambda x, w: K.rmsnorm_fwd(x.to(torch.int32), w, 1e-5), TypeError, "floating"),
-        (lambda x, w: K.rmsnorm_fwd(x, w.float(), 1e-5), TypeError, "dtype"),
+        (lambda x, w: K.rmsnorm_fwd(x, w.double(), 1e-5), TypeError, "dtype"),
         (lambda x, w: K.rmsnorm_fwd(x, w, "1e-5"), TypeError, "eps"),
         (lambda x, w: K.rmsnorm_fwd(x, w, -1.0), ValueError, "eps"),
         (lambda x, w: K.rmsnorm_fwd(x[:, :0], w[:0], 1e-5), ValueError, "N = 0"),
