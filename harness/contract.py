@@ -49,7 +49,9 @@ from typing import Any, Callable
 
 import torch
 
-OPS = ("rmsnorm", "layernorm", "add_rmsnorm")
+from .ops import OPS as OP_RECORDS  # noqa: E402  (the op records: harness/ops.py)
+
+OPS = tuple(OP_RECORDS)
 # what an implementation provides when its record does not say
 DEFAULT_OPS = ("rmsnorm", "layernorm")
 DIRECTIONS = ("fwd", "bwd")
