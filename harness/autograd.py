@@ -1,76 +1,96 @@
-"""What the harness derives from an implementation's four functions: autograd functions,
-nn.Module drop-ins, and the forward / backward / forward+backward callables the benchmark times.
+"""Differentiable functions and nn.Module drop-ins on every implementation's kernels, and the
+forward / backward / forward+backward callables the benchmark times.
 
-    y = rmsnorm(x, weight, eps, impl="triton")                 # differentiable
+    y = rmsnorm(x, weight, eps, impl="triton", weight_offset=0.0)          # differentiable
     y = layernorm(x, weight, bias, eps, impl="triton")
-    RMSNorm(4096, eps=1e-6, impl="triton")                     # a torch.nn.RMSNorm
-    LayerNorm(4096, eps=1e-5, bias=True, impl="triton")        # a torch.nn.LayerNorm
+    y, residual_out = add_rmsnorm(x, residual, weight, eps, impl="triton")  # h = x + residual; rmsnorm(h)
+    RMSNorm(4096, eps=1e-6, impl="triton")                  # a torch.nn.RMSNorm
+    LayerNorm(4096, eps=1e-5, bias=True, impl="triton")     # a torch.nn.LayerNorm
+    AddRMSNorm(4096, eps=1e-6, impl="triton")               # forward(x, residual) -> (y, residual_out)
 
-The modules subclass torch.nn.RMSNorm / torch.nn.LayerNorm: same constructor arguments, same
-parameters and state_dict keys, so one swaps into a model and loads an existing checkpoint.
+Everything here calls the implementation's custom ops (``harness.library``:
+``torch.ops.normbench.<impl>_<function>``), whose autograd formula is the contract's backward.
+
+* The implementation is chosen when a module is built: the module holds that implementation's ops,
+  and ``torch.compile`` (``fullgraph=True`` works) puts those ops into the graph as opaque nodes that
+  Inductor calls as they are, so a compiled model keeps running the chosen kernels.
+* Parameters may be fp32 beside bf16 / fp16 activations (``RMSNorm(4096, dtype=torch.float32)``
+  called with bf16 x): y comes back in x's dtype and weight.grad in fp32, reduced in fp32. Under
+  ``torch.autocast`` the ops run in x's dtype too (torch's own norms would run in fp32 there).
+* ``weight_offset`` (Gemma's ``(1 + w)``): the kernels are given ``w.float() + weight_offset`` as an
+  fp32 weight; weight.grad is the same and comes back in the weight's dtype.
+* Double backward (differentiating a gradient made with ``create_graph=True``) raises
+  NotImplementedError: the kernels' backward treats the statistics as constants.
+
+The modules subclass torch.nn.RMSNorm / torch.nn.LayerNorm: same constructor arguments (plus
+``impl`` and ``weight_offset``), same parameters and state_dict keys, so one swaps into a model and
+loads an existing checkpoint. Like torch.nn's, they raise ValueError when x's last dimension is not
+``normalized_shape``, with or without a weight.
 """
 
 from __future__ import annotations
 
 import torch
 
-from .contract import Implementation
+from .contract import Implementation, _eps
+from .library import NormOps, ops_for
+from .ops import effective_weight
 from .registry import get
 
 
-def _resolve(impl, device: torch.device):
+def _record(impl) -> Implementation:
     if isinstance(impl, str):
-        impl = get(impl)
+        return get(impl)
     if not isinstance(impl, Implementation):
         raise TypeError(f"impl must be an implementation name or record, got {type(impl).__name__}")
-    return impl.kernels(device.type)
+    return impl
 
 
-class _RMSNormFn(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, weight, eps, k):
-        y, rstd = k.rmsnorm_fwd(x, weight, eps)
-        ctx.save_for_backward(x, weight, rstd)
-        ctx.k = k
-        return y
-
-    @staticmethod
-    def backward(ctx, dy):
-        x, weight, rstd = ctx.saved_tensors
-        dx, dw = ctx.k.rmsnorm_bwd(dy.contiguous(), x, weight, rstd)
-        return dx, dw if ctx.needs_input_grad[1] else None, None, None
+def norm_ops(impl: str | Implementation) -> NormOps:
+    """The custom ops of an implementation given by name or record."""
+    return ops_for(_record(impl))
 
 
-class _LayerNormFn(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, weight, bias, eps, k):
-        y, mean, rstd = k.layernorm_fwd(x, weight, bias, eps)
-        ctx.save_for_backward(x, weight, mean, rstd)
-        ctx.k = k
-        ctx.has_bias = bias is not None
-        return y
-
-    @staticmethod
-    def backward(ctx, dy):
-        x, weight, mean, rstd = ctx.saved_tensors
-        dx, dw, db = ctx.k.layernorm_bwd(dy.contiguous(), x, weight, mean, rstd)
-        dw = dw if ctx.needs_input_grad[1] else None
-        db = db if (ctx.has_bias and ctx.needs_input_grad[2]) else None
-        return dx, dw, db, None, None
+def _tensor(t, what="x"):
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{what} must be a torch.Tensor, got {type(t).__name__}")
+    return t
 
 
-def rmsnorm(x, weight, eps: float, impl: str | Implementation = "eager"):
-    """Differentiable RMSNorm over the last dimension of ``x`` through ``impl``'s kernels."""
-    if not isinstance(x, torch.Tensor):
-        raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
-    return _RMSNormFn.apply(x, weight, eps, _resolve(impl, x.device))
+def _rmsnorm(ops: NormOps, x, weight, eps, weight_offset):
+    return ops.function("rmsnorm_fwd")(_tensor(x), effective_weight(weight, weight_offset), _eps(eps))[0]
 
 
-def layernorm(x, weight, bias, eps: float, impl: str | Implementation = "eager"):
+def _layernorm(ops: NormOps, x, weight, bias, eps, weight_offset):
+    weight = effective_weight(weight, weight_offset)
+    if weight is not None and bias is not None and bias.dtype != weight.dtype:
+        # one parameter dtype per call (kernels may assume it): fp32, the wider, for both
+        weight, bias = weight.float(), bias.float()
+    return ops.function("layernorm_fwd")(_tensor(x), weight, bias, _eps(eps))[0]
+
+
+def _add_rmsnorm(ops: NormOps, x, residual, weight, eps, weight_offset):
+    y, residual_out, _ = ops.function("add_rmsnorm_fwd")(
+        _tensor(x), _tensor(residual, "residual"), effective_weight(weight, weight_offset), _eps(eps)
+    )
+    return y, residual_out
+
+
+def rmsnorm(x, weight, eps: float, impl: str | Implementation = "eager", weight_offset: float = 0.0):
+    """Differentiable RMSNorm over the last dimension of ``x`` through ``impl``'s kernels:
+    ``y = x / sqrt(mean(x^2) + eps) * (weight_offset + weight)``."""
+    return _rmsnorm(norm_ops(impl), x, weight, eps, weight_offset)
+
+
+def layernorm(x, weight, bias, eps: float, impl: str | Implementation = "eager", weight_offset: float = 0.0):
     """Differentiable LayerNorm over the last dimension of ``x`` through ``impl``'s kernels."""
-    if not isinstance(x, torch.Tensor):
-        raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
-    return _LayerNormFn.apply(x, weight, bias, eps, _resolve(impl, x.device))
+    return _layernorm(norm_ops(impl), x, weight, bias, eps, weight_offset)
+
+
+def add_rmsnorm(x, residual, weight, eps: float, impl: str | Implementation = "eager", weight_offset: float = 0.0):
+    """``residual_out = x + residual`` (rounded to x's dtype), ``y = rmsnorm(residual_out)``; returns
+    ``(y, residual_out)``, both differentiable (the gradient of x and of residual is the same dh)."""
+    return _add_rmsnorm(norm_ops(impl), x, residual, weight, eps, weight_offset)
 
 
 def _last_dim_only(normalized_shape) -> int:
@@ -82,37 +102,102 @@ def _last_dim_only(normalized_shape) -> int:
     return shape[0]
 
 
-class RMSNorm(torch.nn.RMSNorm):
-    """torch.nn.RMSNorm whose forward and backward run ``impl``'s kernels."""
+class _ImplMixin:
+    """What our modules add to torch.nn's: the implementation's ops, weight_offset, the shape check."""
 
-    def __init__(self, normalized_shape, eps=None, elementwise_affine=True, device=None, dtype=None, *, impl="eager"):
-        _last_dim_only(normalized_shape)
-        super().__init__(normalized_shape, eps, elementwise_affine, device, dtype)
-        self.impl = get(impl) if isinstance(impl, str) else impl
+    def _setup(self, impl, weight_offset):
+        self.impl = _record(impl)
+        self._ops = ops_for(self.impl)
+        self._ops.function(f"{self._op}_fwd")  # a ValueError now when the implementation lacks the op
+        if isinstance(weight_offset, bool) or not isinstance(weight_offset, (int, float)):
+            raise TypeError(f"weight_offset must be a float, got {type(weight_offset).__name__}")
+        if weight_offset and self.weight is None:
+            raise ValueError(f"weight_offset={weight_offset} needs elementwise_affine=True (the scale is weight_offset + weight)")
+        self.weight_offset = float(weight_offset)
 
-    def forward(self, x):
-        eps = self.eps if self.eps is not None else torch.finfo(x.dtype).eps
-        return rmsnorm(x, self.weight, eps, self.impl)
+    def _check(self, x):
+        _tensor(x)
+        n = self.normalized_shape[0]
+        if x.dim() < 1 or x.shape[-1] != n:
+            raise ValueError(
+                f"{type(self).__name__} normalizes over a last dimension of {n}; got input of shape {tuple(x.shape)}"
+            )
+        return x
 
     def extra_repr(self):
-        return super().extra_repr() + f", impl={self.impl.name}"
+        offset = f", weight_offset={self.weight_offset}" if self.weight_offset else ""
+        return super().extra_repr() + f", impl={self.impl.name}" + offset
 
 
-class LayerNorm(torch.nn.LayerNorm):
-    """torch.nn.LayerNorm whose forward and backward run ``impl``'s kernels."""
+class RMSNorm(_ImplMixin, torch.nn.RMSNorm):
+    """torch.nn.RMSNorm whose forward and backward run ``impl``'s kernels."""
+
+    _op = "rmsnorm"
 
     def __init__(
-        self, normalized_shape, eps=1e-5, elementwise_affine=True, bias=True, device=None, dtype=None, *, impl="eager"
+        self, normalized_shape, eps=None, elementwise_affine=True, device=None, dtype=None, *, impl="eager", weight_offset=0.0
+    ):
+        _last_dim_only(normalized_shape)
+        super().__init__(normalized_shape, eps, elementwise_affine, device, dtype)
+        self._setup(impl, weight_offset)
+
+    def _eps_for(self, x):
+        return self.eps if self.eps is not None else torch.finfo(x.dtype).eps
+
+    def forward(self, x):
+        return _rmsnorm(self._ops, self._check(x), self.weight, self._eps_for(x), self.weight_offset)
+
+
+class AddRMSNorm(RMSNorm):
+    """The RMSNorm after a residual add, fused: ``forward(x, residual) -> (y, residual_out)`` with
+    ``residual_out = x + residual`` (x's dtype) and ``y = rmsnorm(residual_out)``. Same parameters and
+    state_dict as the RMSNorm it replaces."""
+
+    _op = "add_rmsnorm"
+
+    @classmethod
+    def from_rmsnorm(cls, norm: torch.nn.RMSNorm, *, impl="eager", weight_offset=None):
+        """An AddRMSNorm sharing ``norm``'s weight (the same Parameter) and eps."""
+        if not isinstance(norm, torch.nn.RMSNorm):
+            raise TypeError(f"from_rmsnorm needs a torch.nn.RMSNorm, got {type(norm).__name__}")
+        if weight_offset is None:
+            weight_offset = getattr(norm, "weight_offset", 0.0)
+        w = norm.weight
+        new = cls(
+            norm.normalized_shape, norm.eps, norm.elementwise_affine, device="meta", impl=impl, weight_offset=weight_offset
+        )
+        if w is not None:
+            new.weight = w
+        return new
+
+    def forward(self, x, residual):
+        self._check(x)
+        return _add_rmsnorm(self._ops, x, residual, self.weight, self._eps_for(x), self.weight_offset)
+
+
+class LayerNorm(_ImplMixin, torch.nn.LayerNorm):
+    """torch.nn.LayerNorm whose forward and backward run ``impl``'s kernels."""
+
+    _op = "layernorm"
+
+    def __init__(
+        self,
+        normalized_shape,
+        eps=1e-5,
+        elementwise_affine=True,
+        bias=True,
+        device=None,
+        dtype=None,
+        *,
+        impl="eager",
+        weight_offset=0.0,
     ):
         _last_dim_only(normalized_shape)
         super().__init__(normalized_shape, eps, elementwise_affine, bias, device, dtype)
-        self.impl = get(impl) if isinstance(impl, str) else impl
+        self._setup(impl, weight_offset)
 
     def forward(self, x):
-        return layernorm(x, self.weight, self.bias, self.eps, self.impl)
-
-    def extra_repr(self):
-        return super().extra_repr() + f", impl={self.impl.name}"
+        return _layernorm(self._ops, self._check(x), self.weight, self.bias, self.eps, self.weight_offset)
 
 
 def callables(k, op: str, direction: str, case: dict):

@@ -69,9 +69,13 @@ def split_function(fn_name: str) -> tuple[str, str]:
 
 # How a DSL runs without a GPU: the environment variable that switches its interpreter on.
 # Triton's must be set before triton is first imported (it decorates its own language functions
-# then), so the harness sets it early and keeps it. Helion refuses HELION_INTERPRET=1 (its eager
-# reference mode) while TRITON_INTERPRET=1 is set, so around a Helion-interpreted import or call on
-# the CPU the harness swaps the two (``interpreter_env``).
+# then), and Helion, torch.compile and Inductor import triton too. So on a machine without a GPU,
+# where triton can only run through its interpreter, importing the harness sets TRITON_INTERPRET=1
+# unless triton is already imported (``_cpu_triton``, again before anything is loaded for the CPU):
+# using Helion or torch.compile first no longer leaves Triton unusable for the rest of the process.
+# Helion refuses HELION_INTERPRET=1 (its eager reference mode) while TRITON_INTERPRET=1 is set, so
+# around a Helion-interpreted import or call on the CPU the harness swaps the two
+# (``interpreter_env``); triton, already imported, keeps its interpreter.
 INTERPRETERS = {"triton": "TRITON_INTERPRET", "helion": "HELION_INTERPRET"}
 
 
@@ -174,7 +178,10 @@ class Implementation:
             if why:
                 return why
         if device == "cpu" and self.interpreter and _loaded_without_interpreter(self):
-            return f"its module was imported before {self.interpreter}=1 was set in this process"
+            return (
+                f"its module (or triton) was imported before {self.interpreter}=1 was set in this process; "
+                f"set {self.interpreter}=1 in the environment before starting Python"
+            )
         return None
 
     def available(self, device: str = "cuda") -> bool:
@@ -216,15 +223,23 @@ def _loaded_without_interpreter(impl: Implementation) -> bool:
     return _module_name(impl) in sys.modules or "triton" in sys.modules
 
 
+def _cpu_triton():
+    """On a machine without a GPU, switch Triton's interpreter on before triton's first import (see
+    INTERPRETERS). Does nothing once triton is imported, or where a GPU could run it."""
+    import sys
+
+    if "triton" not in sys.modules and not torch.cuda.is_available():
+        os.environ[INTERPRETERS["triton"]] = "1"
+
+
 @contextlib.contextmanager
 def interpreter_env(impl: Implementation, device: str):
     """On the CPU, HELION_INTERPRET=1 and no TRITON_INTERPRET for the duration (see INTERPRETERS)."""
     if device != "cpu" or impl.interpreter != INTERPRETERS["helion"]:
         yield
         return
+    _cpu_triton()
     saved = {k: os.environ.get(k) for k in ("HELION_INTERPRET", "TRITON_INTERPRET")}
-    if saved["TRITON_INTERPRET"] == "1" and importlib.util.find_spec("triton") is not None:
-        import triton.language  # noqa: F401  (first import while Triton's interpreter is on)
     os.environ["HELION_INTERPRET"] = "1"
     os.environ.pop("TRITON_INTERPRET", None)
     try:
@@ -237,9 +252,14 @@ def interpreter_env(impl: Implementation, device: str):
                 os.environ[k] = v
 
 
+_cpu_triton()
+
+
 def _load_raw(impl: Implementation, device: str):
-    if device == "cpu" and impl.interpreter == INTERPRETERS["triton"]:
-        os.environ[impl.interpreter] = "1"
+    if device == "cpu":
+        _cpu_triton()
+        if impl.interpreter == INTERPRETERS["triton"]:
+            os.environ[impl.interpreter] = "1"
     if impl in _RAW_CACHE:
         return _RAW_CACHE[impl]
     mod_name, _, factory = impl.entry.partition(":")

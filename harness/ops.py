@@ -117,3 +117,16 @@ def get_op(name: str) -> Op:
     if name not in OPS:
         raise ValueError(f"unknown op '{name}'; known: {', '.join(OPS)}")
     return OPS[name]
+
+
+def effective_weight(weight, offset: float = 0.0):
+    """The weight the kernels see: ``weight`` itself, or ``weight.float() + offset`` (Gemma's
+    ``(1 + w)`` scale, added in fp32) when there is an offset. Differentiable: the gradient reaches
+    ``weight`` unchanged, in its own dtype."""
+    if isinstance(offset, bool) or not isinstance(offset, (int, float)):
+        raise TypeError(f"weight_offset must be a float, got {type(offset).__name__}")
+    if offset == 0:
+        return weight
+    if weight is None:
+        raise ValueError(f"weight_offset={offset} needs a weight (the scale is weight_offset + weight)")
+    return weight.float() + offset
