@@ -33,7 +33,7 @@ from __future__ import annotations
 import torch
 
 from .contract import Implementation, _eps
-from .library import NormOps, ops_for
+from .library import NAMESPACE, NormOps, ops_for, registered
 from .ops import effective_weight
 from .registry import get
 
@@ -51,26 +51,48 @@ def norm_ops(impl: str | Implementation) -> NormOps:
     return ops_for(_record(impl))
 
 
+@torch.compiler.assume_constant_result
+def _forward_named(name: str, op: str) -> str:
+    # run, not traced, by dynamo: discovering implementations and registering ops is not traceable
+    # inside a compiled function; the op's name is a constant of the graph
+    ops = registered(name)
+    if ops is None:
+        try:
+            ops = ops_for(get(name))
+        except ValueError as e:
+            raise ValueError(f"{e}. A record outside the registry must be used once before torch.compile (or held by a module)") from None
+    return ops.function(f"{op}_fwd").name().split("::")[1]
+
+
+def _forward(impl, op: str):
+    """The forward custom op of ``op`` in ``impl`` (a name, or a record: inside torch.compile a
+    record is looked up by its name, so one outside the registry must have been used once before)."""
+    if isinstance(impl, str) or (torch.compiler.is_compiling() and isinstance(impl, Implementation)):
+        name = impl if isinstance(impl, str) else impl.name
+        return getattr(getattr(torch.ops, NAMESPACE), _forward_named(name, op)).default
+    return norm_ops(impl).function(f"{op}_fwd")
+
+
 def _tensor(t, what="x"):
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{what} must be a torch.Tensor, got {type(t).__name__}")
     return t
 
 
-def _rmsnorm(ops: NormOps, x, weight, eps, weight_offset):
-    return ops.function("rmsnorm_fwd")(_tensor(x), effective_weight(weight, weight_offset), _eps(eps))[0]
+def _rmsnorm(fwd, x, weight, eps, weight_offset):
+    return fwd(_tensor(x), effective_weight(weight, weight_offset), _eps(eps))[0]
 
 
-def _layernorm(ops: NormOps, x, weight, bias, eps, weight_offset):
+def _layernorm(fwd, x, weight, bias, eps, weight_offset):
     weight = effective_weight(weight, weight_offset)
     if weight is not None and bias is not None and bias.dtype != weight.dtype:
         # one parameter dtype per call (kernels may assume it): fp32, the wider, for both
         weight, bias = weight.float(), bias.float()
-    return ops.function("layernorm_fwd")(_tensor(x), weight, bias, _eps(eps))[0]
+    return fwd(_tensor(x), weight, bias, _eps(eps))[0]
 
 
-def _add_rmsnorm(ops: NormOps, x, residual, weight, eps, weight_offset):
-    y, residual_out, _ = ops.function("add_rmsnorm_fwd")(
+def _add_rmsnorm(fwd, x, residual, weight, eps, weight_offset):
+    y, residual_out, _ = fwd(
         _tensor(x), _tensor(residual, "residual"), effective_weight(weight, weight_offset), _eps(eps)
     )
     return y, residual_out
@@ -79,18 +101,18 @@ def _add_rmsnorm(ops: NormOps, x, residual, weight, eps, weight_offset):
 def rmsnorm(x, weight, eps: float, impl: str | Implementation = "eager", weight_offset: float = 0.0):
     """Differentiable RMSNorm over the last dimension of ``x`` through ``impl``'s kernels:
     ``y = x / sqrt(mean(x^2) + eps) * (weight_offset + weight)``."""
-    return _rmsnorm(norm_ops(impl), x, weight, eps, weight_offset)
+    return _rmsnorm(_forward(impl, "rmsnorm"), x, weight, eps, weight_offset)
 
 
 def layernorm(x, weight, bias, eps: float, impl: str | Implementation = "eager", weight_offset: float = 0.0):
     """Differentiable LayerNorm over the last dimension of ``x`` through ``impl``'s kernels."""
-    return _layernorm(norm_ops(impl), x, weight, bias, eps, weight_offset)
+    return _layernorm(_forward(impl, "layernorm"), x, weight, bias, eps, weight_offset)
 
 
 def add_rmsnorm(x, residual, weight, eps: float, impl: str | Implementation = "eager", weight_offset: float = 0.0):
     """``residual_out = x + residual`` (rounded to x's dtype), ``y = rmsnorm(residual_out)``; returns
     ``(y, residual_out)``, both differentiable (the gradient of x and of residual is the same dh)."""
-    return _add_rmsnorm(norm_ops(impl), x, residual, weight, eps, weight_offset)
+    return _add_rmsnorm(_forward(impl, "add_rmsnorm"), x, residual, weight, eps, weight_offset)
 
 
 def _last_dim_only(normalized_shape) -> int:
@@ -108,7 +130,7 @@ class _ImplMixin:
     def _setup(self, impl, weight_offset):
         self.impl = _record(impl)
         self._ops = ops_for(self.impl)
-        self._ops.function(f"{self._op}_fwd")  # a ValueError now when the implementation lacks the op
+        self._fwd = self._ops.function(f"{self._op}_fwd")  # a ValueError now when the op is missing
         if isinstance(weight_offset, bool) or not isinstance(weight_offset, (int, float)):
             raise TypeError(f"weight_offset must be a float, got {type(weight_offset).__name__}")
         if weight_offset and self.weight is None:
@@ -145,7 +167,7 @@ class RMSNorm(_ImplMixin, torch.nn.RMSNorm):
         return self.eps if self.eps is not None else torch.finfo(x.dtype).eps
 
     def forward(self, x):
-        return _rmsnorm(self._ops, self._check(x), self.weight, self._eps_for(x), self.weight_offset)
+        return _rmsnorm(self._fwd, self._check(x), self.weight, self._eps_for(x), self.weight_offset)
 
 
 class AddRMSNorm(RMSNorm):
@@ -172,7 +194,7 @@ class AddRMSNorm(RMSNorm):
 
     def forward(self, x, residual):
         self._check(x)
-        return _add_rmsnorm(self._ops, x, residual, self.weight, self._eps_for(x), self.weight_offset)
+        return _add_rmsnorm(self._fwd, x, residual, self.weight, self._eps_for(x), self.weight_offset)
 
 
 class LayerNorm(_ImplMixin, torch.nn.LayerNorm):
@@ -197,7 +219,7 @@ class LayerNorm(_ImplMixin, torch.nn.LayerNorm):
         self._setup(impl, weight_offset)
 
     def forward(self, x):
-        return _layernorm(self._ops, self._check(x), self.weight, self.bias, self.eps, self.weight_offset)
+        return _layernorm(self._fwd, self._check(x), self.weight, self.bias, self.eps, self.weight_offset)
 
 
 def callables(k, op: str, direction: str, case: dict):

@@ -205,6 +205,13 @@ class NormOps:
     add_rmsnorm_fwd: object = None
     add_rmsnorm_bwd: object = None
 
+    # a module holding these is deep-copied (an EMA copy) and pickled (torch.save) as the same ops
+    def __deepcopy__(self, memo):
+        return self
+
+    def __reduce__(self):
+        return ops_for, (self.impl,)
+
     def function(self, fn_name: str):
         f = getattr(self, fn_name)
         if f is None:
@@ -213,7 +220,13 @@ class NormOps:
 
 
 _REGISTERED: dict[Implementation, NormOps] = {}
+_BY_NAME: dict[str, NormOps] = {}  # the first record registered under each name
 _PREFIXES: set[str] = set()
+
+
+def registered(name: str) -> NormOps | None:
+    """The ops already registered for the implementation called ``name``, if any."""
+    return _BY_NAME.get(name)
 
 
 def _define(impl: Implementation, qualname: str, fn_name: str, args, outputs):
@@ -247,4 +260,5 @@ def ops_for(impl: Implementation) -> NormOps:
         found[f"{name}_fwd"] = getattr(getattr(torch.ops, NAMESPACE), f"{prefix}_{name}_fwd").default
         found[f"{name}_bwd"] = bwd_overload
     _REGISTERED[impl] = NormOps(impl, prefix, **found)
+    _BY_NAME.setdefault(impl.name, _REGISTERED[impl])
     return _REGISTERED[impl]

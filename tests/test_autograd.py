@@ -177,3 +177,20 @@ def test_bad_arguments_are_clear_errors():
         add_rmsnorm(x, x[:2], None, EPS, counting_impl.RECORD)
     with pytest.raises(TypeError, match="impl"):
         rmsnorm(x, None, EPS, impl=3)
+
+
+def test_modules_deepcopy_and_pickle_with_their_implementation():
+    import copy
+    import io
+
+    m = torch.nn.Sequential(RMSNorm(64, impl=counting_impl.RECORD), LayerNorm(64, weight_offset=1.0))
+    x = torch.randn(3, 64)
+    buf = io.BytesIO()
+    torch.save(m, buf)
+    buf.seek(0)
+    for other in (copy.deepcopy(m), torch.load(buf, weights_only=False)):
+        assert other[0].impl == counting_impl.RECORD and other[0]._ops is m[0]._ops
+        assert other[1].weight is not m[1].weight
+        counting_impl.CALLS.clear()
+        torch.testing.assert_close(other(x), m(x))
+        assert counting_impl.CALLS["rmsnorm_fwd"] == 2
