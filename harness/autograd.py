@@ -137,6 +137,15 @@ class _ImplMixin:
             raise ValueError(f"weight_offset={weight_offset} needs elementwise_affine=True (the scale is weight_offset + weight)")
         self.weight_offset = float(weight_offset)
 
+    # copied (copy.deepcopy) and pickled (torch.save) without the ops, which are looked up again
+    def __getstate__(self):
+        return {k: v for k, v in self.__dict__.items() if k not in ("_ops", "_fwd")}
+
+    def __setstate__(self, state):
+        super().__setstate__(state)
+        self._ops = ops_for(self.impl)
+        self._fwd = self._ops.function(f"{self._op}_fwd")
+
     def _check(self, x):
         _tensor(x)
         n = self.normalized_shape[0]

@@ -52,37 +52,58 @@ def _identifier(name: str) -> str:
 
 
 # ---------------------------------------------------------------- output metadata (fake and real)
-def _first_rows(args: tuple[Arg, ...], values) -> torch.Tensor:
-    return next(v for a, v in zip(args, values) if a.kind == "rows" and v is not None)
+@dataclass(frozen=True)
+class _Signature:
+    """One contract function's arguments and outputs, with the positions a call needs (computed once)."""
+
+    args: tuple[Arg, ...]
+    outputs: tuple[Arg, ...]
+
+    @property
+    def ref(self) -> int:  # the first row tensor (x, dy): never None, it fixes shape and dtype
+        return next(i for i, a in enumerate(self.args) if a.kind == "rows")
+
+    @property
+    def weight(self) -> int | None:
+        return next((i for i, a in enumerate(self.args) if a.name == "weight"), None)
+
+    @property
+    def grad_of_param(self) -> tuple[int | None, ...]:
+        """Per output: the argument position of the parameter it is the gradient of (dweight)."""
+        pos = {a.name: i for i, a in enumerate(self.args)}
+        return tuple(pos.get(o.name[1:]) if o.kind == "param" else None for o in self.outputs)
 
 
-def _output_meta(args: tuple[Arg, ...], outputs: tuple[Arg, ...], values) -> list[tuple[tuple, torch.dtype]]:
-    """(shape, dtype) of every output, given the op's arguments (real or fake tensors)."""
-    ref = _first_rows(args, values)
-    named = {a.name: v for a, v in zip(args, values)}
-    weight = named.get("weight")
-    n = ref.shape[-1]
-    param_dtype = weight.dtype if weight is not None else ref.dtype
-    meta = []
-    for o in outputs:
-        if o.kind == "rows":
-            meta.append((tuple(ref.shape), ref.dtype))
-        elif o.kind == "stat":
-            meta.append((tuple(ref.shape[:-1]), torch.float32))
-        elif o.name[1:] in named and named[o.name[1:]] is None:
-            meta.append(((0,), ref.dtype))  # the placeholder for a gradient of an absent parameter
-        else:
-            meta.append(((n,), param_dtype))
+def _metadata(sig: _Signature):
+    ref_i, w_i, grad_of = sig.ref, sig.weight, sig.grad_of_param
+    kinds = tuple(o.kind for o in sig.outputs)
+
+    def meta(values) -> list[tuple[tuple, torch.dtype]]:
+        """(shape, dtype) of every output, given the op's arguments (real or fake tensors)."""
+        ref = values[ref_i]
+        weight = values[w_i] if w_i is not None else None
+        param_dtype = weight.dtype if weight is not None else ref.dtype
+        out = []
+        for kind, p in zip(kinds, grad_of):
+            if kind == "rows":
+                out.append((tuple(ref.shape), ref.dtype))
+            elif kind == "stat":
+                out.append((tuple(ref.shape[:-1]), torch.float32))
+            elif p is not None and values[p] is None:
+                out.append(((0,), ref.dtype))  # the placeholder for a gradient of an absent parameter
+            else:
+                out.append(((ref.shape[-1],), param_dtype))
+        return out
+
     return meta
 
 
-def _validate(impl: Implementation, args: tuple[Arg, ...], values):
+def _validate(impl: Implementation, sig: _Signature, values):
     """The contract's argument checks, run on fake tensors too: under torch.compile a bad argument
     is the same clear ValueError / TypeError as in eager."""
-    ref_arg = next(a for a in args if a.kind == "rows")
-    ref = _first_rows(args, values)
-    m, n = _x(ref, impl, ref_arg.name)
-    for a, v in zip(args, values):
+    ref = values[sig.ref]
+    m, n = _x(ref, impl, sig.args[sig.ref].name)
+    for a, v in zip(sig.args, values):
         if a.kind == "rows" and v is not None and v is not ref:
             _like_x(v, ref, a.name)
         elif a.kind == "param":
@@ -93,11 +114,13 @@ def _validate(impl: Implementation, args: tuple[Arg, ...], values):
             _eps(v)
 
 
-def _fake(impl: Implementation, args, outputs):
+def _fake(impl: Implementation, sig: _Signature):
+    meta = _metadata(sig)
+
     def fake(*values):
-        _validate(impl, args, values)
-        ref = _first_rows(args, values)
-        return tuple(ref.new_empty(shape, dtype=dtype) for shape, dtype in _output_meta(args, outputs, values))
+        _validate(impl, sig, values)
+        ref = values[sig.ref]
+        return tuple(ref.new_empty(shape, dtype=dtype) for shape, dtype in meta(values))
 
     return fake
 
@@ -106,13 +129,19 @@ def _storage(t: torch.Tensor):
     return t.untyped_storage().data_ptr() if t.numel() else None
 
 
-def _real(impl: Implementation, fn_name: str, args, outputs):
+def _real(impl: Implementation, fn_name: str, sig: _Signature):
+    meta, ref_i, outputs = _metadata(sig), sig.ref, sig.outputs
+    functions = {}  # device type -> the validated contract function
+
     def run(*values):
-        ref = _first_rows(args, values)
-        out = getattr(impl.kernels(ref.device.type), fn_name)(*values)
+        ref = values[ref_i]
+        dev = ref.device.type
+        if dev not in functions:
+            functions[dev] = getattr(impl.kernels(dev), fn_name)
+        out = functions[dev](*values)
         seen = {_storage(v) for v in values if isinstance(v, torch.Tensor)}
         fixed = []
-        for o, t, (shape, dtype) in zip(outputs, out, _output_meta(args, outputs, values)):
+        for o, t, (shape, dtype) in zip(outputs, out, meta(values)):
             if t is None and shape == (0,):
                 t = ref.new_empty(shape, dtype=dtype)
             elif o.kind == "param" and isinstance(t, torch.Tensor) and t.dtype != dtype:
@@ -120,9 +149,10 @@ def _real(impl: Implementation, fn_name: str, args, outputs):
             if not isinstance(t, torch.Tensor) or tuple(t.shape) != shape or t.dtype != dtype:
                 got = f"{tuple(t.shape)} {t.dtype}" if isinstance(t, torch.Tensor) else type(t).__name__
                 raise TypeError(f"implementation '{impl.name}': {fn_name} returned {o.name} as {got}, expected {shape} {dtype}")
-            if _storage(t) in seen and _storage(t) is not None:
+            ptr = _storage(t)
+            if ptr is not None and ptr in seen:
                 t = t.clone()
-            seen.add(_storage(t))
+            seen.add(ptr)
             fixed.append(t)
         return tuple(fixed)
 
@@ -141,39 +171,44 @@ def _autograd(op: Op, bwd):
     fwd_out = [a.name for a in op.fwd_outputs]
     saved_names = [a.name for a in op.bwd_args if _grad_of(a, op.fwd_outputs) is None]
     bwd_out = [a.name for a in op.bwd_outputs]
+    # where each backward argument comes from: ("grad", forward output index) or ("saved", index)
+    plan = [
+        ("saved", saved_names.index(a.name)) if _grad_of(a, op.fwd_outputs) is None else ("grad", fwd_out.index(_grad_of(a, op.fwd_outputs)))
+        for a in op.bwd_args
+    ]
+    # a row tensor among the saved ones: the shape of a gradient that was not materialised
+    saved_rows = next(saved_names.index(a.name) for a in op.bwd_args if a.name in saved_names and a.kind == "rows")
+    # which backward output is the gradient of each forward input (dx; add_rmsnorm's dh is both x's
+    # and residual's), or None (eps)
+    grad_index = [
+        None if a.kind == "scalar" else bwd_out.index(f"d{a.name}") if f"d{a.name}" in bwd_out else 0
+        for a in op.fwd_args
+    ]
+    stat_index = [fwd_out.index(n) for n in op.stats]
 
     def setup_context(ctx, inputs, output):
         named = dict(zip(fwd_in, inputs))
         named.update(zip(fwd_out, output))
         ctx.save_for_backward(*(named[n] for n in saved_names))
-        ctx.mark_non_differentiable(*(named[n] for n in op.stats))
+        ctx.mark_non_differentiable(*(output[i] for i in stat_index))
         ctx.set_materialize_grads(False)
-        ctx.param_dtypes = {p: named[p].dtype for p in op.params if named.get(p) is not None}
+        ctx.param_dtypes = [t.dtype if isinstance(t, torch.Tensor) else None for t in inputs]
 
     def backward(ctx, *grads):
-        g = dict(zip(fwd_out, grads))
-        saved = dict(zip(saved_names, ctx.saved_tensors))
+        saved = ctx.saved_tensors
         values = []
-        for a in op.bwd_args:
-            out_name = _grad_of(a, op.fwd_outputs)
-            if out_name is None:
-                values.append(saved[a.name])
-                continue
-            t = g[out_name]
+        for (source, i), a in zip(plan, op.bwd_args):
+            t = saved[i] if source == "saved" else grads[i]
             if t is None and not a.optional:  # only the other outputs were used
-                t = torch.zeros_like(_first_rows(op.bwd_args, [saved.get(b.name) for b in op.bwd_args]))
+                t = torch.zeros_like(saved[saved_rows])
             values.append(t)
-        result = dict(zip(bwd_out, bwd(*values)))
-        first = result[bwd_out[0]]
+        result = bwd(*values)
         grads_in = []
-        for a, needed in zip(op.fwd_args, ctx.needs_input_grad):
-            if not needed or a.kind == "scalar":
+        for a, needed, i, dtype in zip(op.fwd_args, ctx.needs_input_grad, grad_index, ctx.param_dtypes):
+            if not needed or i is None:
                 grads_in.append(None)
-            elif a.kind == "rows":  # dx; add_rmsnorm's dh is the gradient of both x and residual
-                grads_in.append(result.get(f"d{a.name}", first))
             else:
-                t = result.get(f"d{a.name}")
-                grads_in.append(None if t is None else t.to(ctx.param_dtypes[a.name]))
+                grads_in.append(result[i] if a.kind == "rows" else result[i].to(dtype))
         return tuple(grads_in)
 
     return backward, setup_context
@@ -205,13 +240,6 @@ class NormOps:
     add_rmsnorm_fwd: object = None
     add_rmsnorm_bwd: object = None
 
-    # a module holding these is deep-copied (an EMA copy) and pickled (torch.save) as the same ops
-    def __deepcopy__(self, memo):
-        return self
-
-    def __reduce__(self):
-        return ops_for, (self.impl,)
-
     def function(self, fn_name: str):
         f = getattr(self, fn_name)
         if f is None:
@@ -230,10 +258,11 @@ def registered(name: str) -> NormOps | None:
 
 
 def _define(impl: Implementation, qualname: str, fn_name: str, args, outputs):
+    sig = _Signature(args, outputs)
     opdef = torch.library.custom_op(
-        f"{NAMESPACE}::{qualname}", _real(impl, fn_name, args, outputs), mutates_args=(), schema=_schema(args, outputs)
+        f"{NAMESPACE}::{qualname}", _real(impl, fn_name, sig), mutates_args=(), schema=_schema(args, outputs)
     )
-    opdef.register_fake(_fake(impl, args, outputs))
+    opdef.register_fake(_fake(impl, sig))
     return opdef
 
 

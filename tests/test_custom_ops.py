@@ -30,7 +30,7 @@ def fresh_dynamo():
 
 def cheaply(impl, ops):
     """On the CPU a costly implementation (torch.compile compiles each op, an interpreter runs each
-    program) is checked on its first op only."""
+    program) is checked on the first of ``ops`` (op, or weight) only."""
     return ops[:1] if DEVICE == "cpu" and impl.cpu_cost == "costly" else ops
 
 
@@ -68,7 +68,7 @@ def test_opcheck(impl):
         saved, stats = (out[1], out[2:]) if op == "add_rmsnorm" else (x, out[1:])
         dy = torch.randn_like(x)
         grads = (dy, dy.flip(0).clone()) if op == "add_rmsnorm" else (dy,)
-        for weight in (w, None):
+        for weight in cheaply(impl, (w, None)):
             torch.library.opcheck(getattr(ops, f"{op}_bwd"), (*grads, saved, weight, *stats))
 
 
@@ -90,14 +90,31 @@ def fwd_bwd(model, x, dy):
     return [y, x.grad] + [p.grad for p in model.parameters()]
 
 
+def assert_all_close(got, want):
+    assert len(got) == len(want)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, atol=1e-4, rtol=1e-4)
+
+
+def eager_matches_compiled(fn, inputs, params=()):
+    """fn's output and the gradients of its inputs and params, run eagerly and compiled with
+    fullgraph=True, agree (the loss weighs the output with seeded random numbers)."""
+    results = []
+    for f in (fn, torch.compile(fn, fullgraph=True)):
+        leaves = [t.clone().requires_grad_() for t in inputs]
+        for p in params:
+            p.grad = None
+        out = f(*leaves)
+        weights = torch.randn(out.shape, generator=torch.Generator().manual_seed(1)).to(out.device)
+        (out * weights).sum().backward()
+        results.append([out, *(t.grad for t in leaves), *(p.grad for p in params)])
+    assert_all_close(*results)
+
+
 @pytest.mark.parametrize("impl", runnable())
 def test_compiled_model_fullgraph_matches_eager(impl, fresh_dynamo):
     model = model_for(impl)
-    x, dy = torch.randn(3, 64, device=DEVICE), torch.randn(3, 64, device=DEVICE)
-    want = fwd_bwd(model, x, dy)
-    got = fwd_bwd(torch.compile(model, fullgraph=True), x, dy)
-    for g, w in zip(got, want):
-        torch.testing.assert_close(g, w, atol=1e-4, rtol=1e-4)
+    eager_matches_compiled(model, [torch.randn(3, 64, device=DEVICE)], list(model.parameters()))
 
 
 def test_compiled_model_calls_the_chosen_implementation(fresh_dynamo):
@@ -119,8 +136,7 @@ def test_compiled_model_calls_the_chosen_implementation(fresh_dynamo):
     graph = counter.graphs[0].code
     prefix = norm_ops(counting_impl.RECORD).prefix
     assert f"normbench.{prefix}_rmsnorm_fwd" in graph and "normbench.eager_layernorm_fwd" in graph
-    for g, w in zip(got, fwd_bwd(model, x, dy)):
-        torch.testing.assert_close(g, w, atol=1e-4, rtol=1e-4)
+    assert_all_close(got, fwd_bwd(model, x, dy))
 
 
 def test_compiled_add_rmsnorm_residual_stream(fresh_dynamo):
@@ -131,16 +147,7 @@ def test_compiled_add_rmsnorm_residual_stream(fresh_dynamo):
         y, h = norm(lin(x), residual)
         return y * h  # both outputs used: dresidual_out is not None
 
-    x, r = torch.randn(3, 64, device=DEVICE), torch.randn(3, 64, device=DEVICE)
-    results = []
-    for fn in (block, torch.compile(block, fullgraph=True)):
-        xs, rs = x.clone().requires_grad_(), r.clone().requires_grad_()
-        norm.zero_grad(set_to_none=True)
-        out = fn(xs, rs)
-        out.sum().backward()
-        results.append([out, xs.grad, rs.grad, norm.weight.grad])
-    for g, w in zip(*results):
-        torch.testing.assert_close(g, w, atol=1e-4, rtol=1e-4)
+    eager_matches_compiled(block, [torch.randn(3, 64, device=DEVICE), torch.randn(3, 64, device=DEVICE)], [norm.weight])
 
 
 @pytest.mark.gpu
@@ -173,10 +180,7 @@ def test_cuda_graph_capture_of_forward_and_backward(impl):
         x.copy_(torch.randn_like(x))
     graph.replay()
     torch.cuda.synchronize()
-    want = fwd_bwd(model_for(impl), x, dy)
-    got = [y, x.grad] + [p.grad for p in model.parameters()]
-    for g, w in zip(got, want):
-        torch.testing.assert_close(g, w, atol=1e-4, rtol=1e-4)
+    assert_all_close([y, x.grad] + [p.grad for p in model.parameters()], fwd_bwd(model_for(impl), x, dy))
 
 
 SIDE_EFFECTS = """
@@ -225,12 +229,5 @@ def test_compiled_functions_by_name_and_by_record(fresh_dynamo):
         y, h = add_rmsnorm(x, x.flip(0), w, 1e-5, impl=counting_impl.RECORD, weight_offset=1.0)
         return rmsnorm(y, w, 1e-5, impl="eager") + h
 
-    x, w = torch.randn(3, 64, device=DEVICE), torch.randn(64, device=DEVICE)
-    results = []
-    for fn in (f, torch.compile(f, fullgraph=True)):  # the eager call registers the record first
-        xs, ws = x.clone().requires_grad_(), w.clone().requires_grad_()
-        out = fn(xs, ws)
-        out.sum().backward()
-        results.append([out, xs.grad, ws.grad])
-    for g, want in zip(*results):
-        torch.testing.assert_close(g, want, atol=1e-4, rtol=1e-4)
+    # (the eager run registers the record's ops before the compiled one looks them up by name)
+    eager_matches_compiled(f, [torch.randn(3, 64, device=DEVICE), torch.randn(64, device=DEVICE)])
