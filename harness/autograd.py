@@ -60,7 +60,9 @@ def _forward_named(name: str, op: str) -> str:
         try:
             ops = ops_for(get(name))
         except ValueError as e:
-            raise ValueError(f"{e}. A record outside the registry must be used once before torch.compile (or held by a module)") from None
+            raise ValueError(
+                f"{e}. A record outside the registry must be used once before torch.compile (or held by a module)"
+            ) from None
     return ops.function(f"{op}_fwd").name().split("::")[1]
 
 
@@ -134,7 +136,9 @@ class _ImplMixin:
         if isinstance(weight_offset, bool) or not isinstance(weight_offset, (int, float)):
             raise TypeError(f"weight_offset must be a float, got {type(weight_offset).__name__}")
         if weight_offset and self.weight is None:
-            raise ValueError(f"weight_offset={weight_offset} needs elementwise_affine=True (the scale is weight_offset + weight)")
+            raise ValueError(
+                f"weight_offset={weight_offset} needs elementwise_affine=True (the scale is weight_offset + weight)"
+            )
         self.weight_offset = float(weight_offset)
 
     # copied (copy.deepcopy) and pickled (torch.save) without the ops, which are looked up again
@@ -166,7 +170,15 @@ class RMSNorm(_ImplMixin, torch.nn.RMSNorm):
     _op = "rmsnorm"
 
     def __init__(
-        self, normalized_shape, eps=None, elementwise_affine=True, device=None, dtype=None, *, impl="eager", weight_offset=0.0
+        self,
+        normalized_shape,
+        eps=None,
+        elementwise_affine=True,
+        device=None,
+        dtype=None,
+        *,
+        impl="eager",
+        weight_offset=0.0,
     ):
         _last_dim_only(normalized_shape)
         super().__init__(normalized_shape, eps, elementwise_affine, device, dtype)
@@ -195,7 +207,12 @@ class AddRMSNorm(RMSNorm):
             weight_offset = getattr(norm, "weight_offset", 0.0)
         w = norm.weight
         new = cls(
-            norm.normalized_shape, norm.eps, norm.elementwise_affine, device="meta", impl=impl, weight_offset=weight_offset
+            norm.normalized_shape,
+            norm.eps,
+            norm.elementwise_affine,
+            device="meta",
+            impl=impl,
+            weight_offset=weight_offset,
         )
         if w is not None:
             new.weight = w

@@ -30,7 +30,7 @@ raises ``NotImplementedError`` instead of returning a wrong number.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -148,7 +148,9 @@ def _real(impl: Implementation, fn_name: str, sig: _Signature):
                 t = t.to(dtype)  # dbias in x's dtype beside an fp32 weight: the weight's dtype here
             if not isinstance(t, torch.Tensor) or tuple(t.shape) != shape or t.dtype != dtype:
                 got = f"{tuple(t.shape)} {t.dtype}" if isinstance(t, torch.Tensor) else type(t).__name__
-                raise TypeError(f"implementation '{impl.name}': {fn_name} returned {o.name} as {got}, expected {shape} {dtype}")
+                raise TypeError(
+                    f"implementation '{impl.name}': {fn_name} returned {o.name} as {got}, expected {shape} {dtype}"
+                )
             ptr = _storage(t)
             if ptr is not None and ptr in seen:
                 t = t.clone()
@@ -173,7 +175,9 @@ def _autograd(op: Op, bwd):
     bwd_out = [a.name for a in op.bwd_outputs]
     # where each backward argument comes from: ("grad", forward output index) or ("saved", index)
     plan = [
-        ("saved", saved_names.index(a.name)) if _grad_of(a, op.fwd_outputs) is None else ("grad", fwd_out.index(_grad_of(a, op.fwd_outputs)))
+        ("saved", saved_names.index(a.name))
+        if _grad_of(a, op.fwd_outputs) is None
+        else ("grad", fwd_out.index(_grad_of(a, op.fwd_outputs)))
         for a in op.bwd_args
     ]
     # a row tensor among the saved ones: the shape of a gradient that was not materialised
@@ -228,23 +232,23 @@ def _no_double_backward(op_name: str):
 # ---------------------------------------------------------------- registration
 @dataclass(frozen=True)
 class NormOps:
-    """One implementation's registered ops: ``rmsnorm_fwd``, ``rmsnorm_bwd``, ... (OpOverloads; the
-    functions it does not provide are None)."""
+    """One implementation's registered ops, by contract function: ``ops.rmsnorm_fwd`` (an OpOverload)."""
 
     impl: Implementation
     prefix: str  # normbench::<prefix>_<function>
-    rmsnorm_fwd: object = None
-    rmsnorm_bwd: object = None
-    layernorm_fwd: object = None
-    layernorm_bwd: object = None
-    add_rmsnorm_fwd: object = None
-    add_rmsnorm_bwd: object = None
+    functions: dict = field(default_factory=dict, hash=False, compare=False)
+
+    def __getattr__(self, name):
+        functions = self.__dict__.get("functions", {})
+        if name in functions:
+            return functions[name]
+        raise AttributeError(f"{type(self).__name__} has no attribute {name!r}")
 
     def function(self, fn_name: str):
-        f = getattr(self, fn_name)
-        if f is None:
-            raise ValueError(f"implementation '{self.impl.name}' does not provide {fn_name.rpartition('_')[0]} (it provides {', '.join(self.impl.ops)})")
-        return f
+        if fn_name not in self.functions:
+            op, provided = fn_name.rpartition("_")[0], ", ".join(self.impl.ops)
+            raise ValueError(f"implementation '{self.impl.name}' does not provide {op} (it provides {provided})")
+        return self.functions[fn_name]
 
 
 _REGISTERED: dict[Implementation, NormOps] = {}
@@ -288,6 +292,6 @@ def ops_for(impl: Implementation) -> NormOps:
         fwd.register_autograd(backward, setup_context=setup)
         found[f"{name}_fwd"] = getattr(getattr(torch.ops, NAMESPACE), f"{prefix}_{name}_fwd").default
         found[f"{name}_bwd"] = bwd_overload
-    _REGISTERED[impl] = NormOps(impl, prefix, **found)
+    _REGISTERED[impl] = NormOps(impl, prefix, found)
     _BY_NAME.setdefault(impl.name, _REGISTERED[impl])
     return _REGISTERED[impl]

@@ -52,7 +52,12 @@ def expected(op, x, residual, dy, dres, w_eff, b):
         xhat = (x.double() - mean.unsqueeze(-1)) * rstd.unsqueeze(-1)
     dy64 = dy.double()
     dx_terms = (dy64 * w_eff.double() * rstd.unsqueeze(-1)).abs()
-    scales = {"dx": dx_terms, "dresidual": dx_terms, "dweight": (dy64 * xhat).square().sum(0).sqrt(), "dbias": dy64.square().sum(0).sqrt()}
+    scales = {
+        "dx": dx_terms,
+        "dresidual": dx_terms,
+        "dweight": (dy64 * xhat).square().sum(0).sqrt(),
+        "dbias": dy64.square().sum(0).sqrt(),
+    }
     return ref, scales
 
 
@@ -71,7 +76,9 @@ def check_against_reference(op, impl, dtype, param_dtype=None, weight_offset=0.0
     if op == "layernorm":
         got["dbias"] = b.grad
     w_eff = w.detach().double() + weight_offset
-    ref, scales = expected(op, x.detach(), residual.detach(), dy, dres, w_eff, b.detach() if op == "layernorm" else None)
+    ref, scales = expected(
+        op, x.detach(), residual.detach(), dy, dres, w_eff, b.detach() if op == "layernorm" else None
+    )
     failures = []
     for name, r in ref.items():
         out = got[name]
@@ -102,7 +109,7 @@ def test_double_backward_is_a_clear_error(impl, op):
     x.requires_grad_(True)
     w.requires_grad_(True)
     (y, *_) = call(op, impl, x, residual, w, b)
-    dx, dw = torch.autograd.grad(y, (x, w), dy, create_graph=True)
+    dx, _ = torch.autograd.grad(y, (x, w), dy, create_graph=True)
     assert dx.requires_grad  # create_graph=True itself works; a second derivative does not
     with pytest.raises(NotImplementedError, match="double backward .* not supported"):
         torch.autograd.grad((dx * dy).sum(), x)
@@ -144,7 +151,11 @@ def test_normalized_shape_is_enforced(cls, affine):
     x = torch.randn(2, 32)
     with pytest.raises(ValueError, match="last dimension of 4096"):
         m(x) if cls is not AddRMSNorm else m(x, x)
-    ref = torch.nn.RMSNorm(4096, elementwise_affine=affine) if cls is not LayerNorm else torch.nn.LayerNorm(4096, elementwise_affine=affine)
+    ref = (
+        torch.nn.RMSNorm(4096, elementwise_affine=affine)
+        if cls is not LayerNorm
+        else torch.nn.LayerNorm(4096, elementwise_affine=affine)
+    )
     with pytest.raises(RuntimeError):  # as torch.nn refuses it
         ref(x)
 
