@@ -546,7 +546,12 @@ def main(argv: list[str]) -> int:
     ours, rest = _parse_own_args(argv)
     if ours is None:  # --help: ours, then TritonBench's (argparse prints it and exits 0)
         print(USAGE)
-        load_tritonbench().get_parser(["--help"])
+        try:
+            tb = load_tritonbench()
+        except ValueError as e:  # help is still help: say why TritonBench's own options are missing
+            print(f"(TritonBench's own options are not listed: {e})")
+            return 0
+        tb.get_parser(["--help"])
         return 0
     tb = load_tritonbench()
     for tb_op in ours.ops:

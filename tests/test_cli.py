@@ -30,7 +30,7 @@ def test_list_json_shows_eager_and_compile():
         (["check", "--op", "batchnorm"], "unknown op"),
         (["check", "--shapes", "huge"], "unknown shape set"),
         (["codegen", "eager"], "no codegen hook"),
-        (["rank", "/nonexistent"], "no results.jsonl"),
+        (["rank", "/nonexistent"], "no such benchmark folder"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(args, needle, capsys):
@@ -56,9 +56,10 @@ def test_check_passes_and_writes_json(tmp_path):
     assert len(data["results"]) == 15 * 4 and all(r["status"] == "pass" for r in data["results"])
 
 
-def test_check_reports_unavailable_as_skipped_not_passed():
+def test_check_that_checked_nothing_fails_with_the_reason():
     out = run("check", "--impl", "quack", "--shapes", "smoke", "--device", "cpu")
-    assert out.returncode == 0 and "skipped" in out.stdout and "0 passed" in out.stdout
+    assert out.returncode == 1 and "skipped" in out.stdout and "0 passed" in out.stdout
+    assert "nothing was checked on cpu" in out.stderr and "runs on cuda only" in out.stderr
 
 
 def test_readme_implementation_table_is_generated_from_the_registry():
