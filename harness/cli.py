@@ -336,7 +336,8 @@ def cmd_check(a) -> int:
             stats["skipped"] = stats.get("skipped", 0) + 1
             continue
         r = run_check(impl, op, d, s, dt, device, seed=a.seed)
-        stats[r.status] = stats.get(r.status, 0) + 1
+        word = {"pass": "passed", "fail": "failed", "error": "errors", "skip": "skipped"}[r.status]
+        stats[word] = stats.get(word, 0) + 1
         if r.status == "skip" and impl.unavailable(device):
             skipped[impl.name] = r.error
             continue

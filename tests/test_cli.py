@@ -1,6 +1,8 @@
 import json
+import shutil
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -66,3 +68,70 @@ def test_readme_implementation_table_is_generated_from_the_registry():
     text = (ROOT / "README.md").read_text()
     start, end = text.index("<!-- impls:start -->"), text.index("<!-- impls:end -->")
     assert text[start:end].split("\n", 1)[1].strip() == markdown_impl_table().strip(), "run: normbench list --update-readme"
+
+
+def _readme_record() -> str:
+    """The record the README's "Adding one" shows, verbatim."""
+    text = (ROOT / "README.md").read_text()
+    section = text[text.index("### Adding one") : text.index("## Correctness")]
+    return textwrap.dedent(section.split("```python\n", 1)[1].split("```", 1)[0])
+
+
+@pytest.fixture
+def new_folder(tmp_path, monkeypatch):
+    """Adds impls/mynorm/ as the README says: its __init__.py, and kernels (eager's formulas)."""
+    import impls
+    from harness import registry
+
+    def make(init_text: str):
+        pkg = tmp_path / "extra" / "mynorm"
+        pkg.mkdir(parents=True)
+        (pkg / "__init__.py").write_text(init_text)
+        shutil.copy(ROOT / "impls" / "eager" / "kernels.py", pkg / "kernels.py")
+        monkeypatch.setattr(impls, "__path__", [*impls.__path__, str(tmp_path / "extra")])
+        monkeypatch.setattr(registry, "_REGISTRY", None)
+
+    yield make
+    registry._REGISTRY = None
+    for mod in ("impls.mynorm", "impls.mynorm.kernels"):
+        sys.modules.pop(mod, None)
+
+
+def test_a_folder_added_as_the_readme_says_is_checked_here(new_folder, capsys):
+    new_folder(_readme_record())
+    argv = ["check", "--impl", "mynorm", "--shapes", "smoke", "--dtype", "bf16", "--device", "cpu", "--quiet"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "60 passed, 0 failed" in out and "mynorm" in out
+    assert main(["list", "--json"]) == 0
+    row = next(r for r in json.loads(capsys.readouterr().out) if r["name"] == "mynorm")
+    assert row["here"]["runs"]
+
+
+def test_a_gpu_only_folder_fails_loudly_where_it_cannot_run(new_folder, capsys):
+    """The record's default devices=("cuda",): on the CPU the check checks nothing and must say so."""
+    record = _readme_record()
+    assert 'devices=("cpu", "cuda"), ' in record
+    new_folder(record.replace('devices=("cpu", "cuda"), ', ""))
+    assert main(["check", "--impl", "mynorm", "--shapes", "smoke", "--device", "cpu", "--quiet"]) == 1
+    captured = capsys.readouterr()
+    assert "nothing was checked on cpu" in captured.err and "runs on cuda only" in captured.err
+    assert main(["list", "--json"]) == 0
+    row = next(r for r in json.loads(capsys.readouterr().out) if r["name"] == "mynorm")
+    import torch
+
+    assert row["here"]["runs"] == torch.cuda.is_available()
+    if not torch.cuda.is_available():
+        assert "runs on cuda only" in row["here"]["why_not"] and row["available"] == {"cuda": False}
+        assert "none is available here" in row["why_not"]["cuda"]
+        assert main(["list"]) == 0
+        line = next(ln for ln in capsys.readouterr().out.splitlines() if "mynorm" in ln)
+        assert "no" in line and "yes" not in line
+
+
+def test_a_plain_implementation_name_does_not_select_a_dsl_of_that_name(new_folder):
+    from harness.registry import select
+
+    new_folder('from harness.contract import Implementation\nIMPLEMENTATIONS = [Implementation(name="mynorm", dsl="eager", entry="impls.mynorm.kernels")]\n')
+    assert [i.name for i in select("eager")] == ["eager"]
+    assert {i.name for i in select("eager*")} == {"eager", "mynorm"}  # a glob still matches DSLs
