@@ -256,12 +256,15 @@ ULP_NOTE = (
 )
 
 
-def _check_table(results, device: str):
+def _check_table(results, device: str, width: int = 100):
     from rich.table import Table
 
-    t = Table(title=f"normbench check ({device})", caption=ULP_NOTE, caption_justify="left")
+    t = Table(title=f"normbench check ({device})", padding=(0, 1), collapse_padding=True)
+    # names whole where the width allows (the other columns take 64), folded, never cut, otherwise
+    name_width = max(12, min(width - 64, max((len(r.impl) for _, r in results), default=14)))
     for c in ("implementation", "op", "dir", "dtype", "shapes", "pass", "fail", "error", "max ulp"):
-        t.add_column(c, justify="right" if c in ("pass", "fail", "error", "max ulp") else "left", overflow="fold")
+        t.add_column(c, justify="right" if c in ("pass", "fail", "error", "max ulp") else "left", overflow="fold",
+                     min_width=name_width if c == "implementation" else None)  # fmt: skip
     groups: dict = {}
     for sname, r in results:
         groups.setdefault((r.impl, r.op, r.direction, r.dtype, sname), []).append(r)
@@ -343,7 +346,8 @@ def cmd_check(a) -> int:
             continue
         results.append((sname, r))
     con = _console()
-    con.print(_check_table(results, device))
+    con.print(_check_table(results, device, con.width))
+    con.print(f"[dim]{ULP_NOTE}[/]")
     for name, why in skipped.items():
         con.print(f"[yellow]skipped[/] {name}: {why}")
     bad = [(s, r) for s, r in results if r.status in ("fail", "error")]
@@ -478,8 +482,8 @@ def _print_rank(rows) -> int:
             continue
         printed += 1
         t = Table(title=f"{op} {d} — {sset}, {dt}")
-        for c in ("#", "implementation", "DSL", "frac. of copy BW", "TB/s", "µs", "coverage", "vs eager"):
-            t.add_column(c, justify="left" if c in ("implementation", "DSL") else "right")
+        for c in ("#", "implementation", "DSL", "of copy BW", "TB/s", "µs", "passed", "vs eager"):
+            t.add_column(c, justify="left" if c in ("implementation", "DSL") else "right", overflow="fold")
         for i, r in enumerate(board, 1):
             name = r.impl + (" [dim](external)[/]" if r.external else "")
             t.add_row(

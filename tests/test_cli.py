@@ -1,4 +1,5 @@
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -135,3 +136,31 @@ def test_a_plain_implementation_name_does_not_select_a_dsl_of_that_name(new_fold
     new_folder('from harness.contract import Implementation\nIMPLEMENTATIONS = [Implementation(name="mynorm", dsl="eager", entry="impls.mynorm.kernels")]\n')
     assert [i.name for i in select("eager")] == ["eager"]
     assert {i.name for i in select("eager*")} == {"eager", "mynorm"}  # a glob still matches DSLs
+
+
+def _render(renderable, width: int) -> str:
+    from rich.console import Console
+
+    con = Console(width=width, record=True, file=open(os.devnull, "w"))
+    con.print(renderable)
+    return con.export_text()
+
+
+def test_tables_are_readable_at_100_columns():
+    """Every implementation name whole on one line, no number cut off, the ulp column explained."""
+    from harness.checker import CheckResult, TensorReport
+    from harness.cli import ULP_NOTE, _check_table
+    from harness.registry import all_implementations
+
+    names = sorted(all_implementations())
+    results = [("smoke", CheckResult(n, "layernorm", "bwd", "128x4096", "bf16", "cpu", "pass", [TensorReport("dx", True, 1e-3, 1.2345e6, 1e-4)])) for n in names]
+    text = _render(_check_table(results, "cpu", 100), 100)
+    assert "…" not in text and "max ulp" in text and text.count("1.23e+06") == len(names)
+    assert all(n in text for n in names), [n for n in names if n not in text]
+    assert "floor" in ULP_NOTE and "2 ulps" in ULP_NOTE
+
+
+def test_check_prints_progress_lines_when_not_on_a_terminal():
+    out = run("check", "--impl", "eager", "--op", "rmsnorm", "--shapes", "1x7", "--device", "cpu")
+    assert out.returncode == 0, out.stderr
+    assert "check [1/1] eager rmsnorm: 6 passed" in out.stdout
