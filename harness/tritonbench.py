@@ -423,7 +423,9 @@ Everything else goes to TritonBench, e.g. --mode fwd|bwd|fwd_bwd (or --bwd), --p
 def _parse_own_args(argv: list[str]):
     if any(a in ("-h", "--help") for a in argv):
         return None, argv
-    p = argparse.ArgumentParser(prog="normbench tritonbench", add_help=False, allow_abbrev=False)
+    from .cli import _Parser  # a usage error is one line, as everywhere in normbench
+
+    p = _Parser(prog="normbench tritonbench", add_help=False, allow_abbrev=False)
     p.add_argument("--op", default=",".join(OPERATORS))
     p.add_argument("--impl", default=None)
     p.add_argument("--report-dir", default=None)

@@ -164,3 +164,19 @@ def test_check_prints_progress_lines_when_not_on_a_terminal():
     out = run("check", "--impl", "eager", "--op", "rmsnorm", "--shapes", "1x7", "--device", "cpu")
     assert out.returncode == 0, out.stderr
     assert "check [1/1] eager rmsnorm: 6 passed" in out.stdout
+
+
+def test_list_and_rank_are_not_cut_at_100_columns(tmp_path):
+    import os as _os
+
+    env = {**_os.environ, "COLUMNS": "100"}
+    out = subprocess.run([sys.executable, "-m", "harness", "list"], capture_output=True, text=True, cwd=ROOT, timeout=300, env=env)
+    assert out.returncode == 0 and "…" not in out.stdout, out.stdout
+    rows = []
+    for name in ("compile-max-autotune", "helion-layernorm-claude-20261122-1", "eager"):
+        rows.append({"impl": name, "dsl": "x", "op": "layernorm", "direction": "fwd", "shape_set": "sweep", "shape": "1024x1024",
+                     "M": 1024, "N": 1024, "dtype": "bf16", "status": "ok", "ms": 0.0123456, "tbps": 3.21, "frac_roofline": 0.7654})  # fmt: skip
+    (tmp_path / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = subprocess.run([sys.executable, "-m", "harness", "rank", str(tmp_path)], capture_output=True, text=True, cwd=ROOT, timeout=300, env=env)
+    assert out.returncode == 0 and "…" not in out.stdout, out.stdout
+    assert "helion-layernorm-claude-20261122-1" in out.stdout and "76.5%" in out.stdout

@@ -150,6 +150,8 @@ BAD_ARGS = [
     (["rank", "{T}/nowhere"], "no such benchmark folder"),
     (["merge", "{GOOD}"], "merge: the following arguments are required"),
     (["tune", "--impl", "helion"], "needs a CUDA GPU"),
+    (["tritonbench", "--op"], "tritonbench: argument --op: expected one argument"),
+    (["generate", "--samples", "x"], "generate"),
     (["frobnicate"], "invalid choice"),
     ([], "the following arguments are required"),
 ]
