@@ -215,20 +215,14 @@ ROW_STATUSES = ("ok", "failed", "error", "skip")
 
 def read_meta(path: Path) -> dict:
     """A benchmark folder's meta.json; a one-line ValueError naming the file (and line) otherwise."""
-    what = "meta.json"
     path = Path(path)
-    if path.is_dir():
-        raise ValueError(f"{path}: is a directory, not a {what} file")
-    try:
-        text = path.read_text()
-    except (OSError, UnicodeDecodeError) as e:
-        raise ValueError(f"{path}: cannot read it ({getattr(e, 'strerror', None) or e})") from None
+    text = _read_text(path, "meta.json")
     try:
         data = json.loads(text)
     except json.JSONDecodeError as e:
         raise ValueError(f"{path}: line {e.lineno}: not valid JSON ({e.msg})") from None
     if not isinstance(data, dict):
-        raise ValueError(f"{path}: expected a JSON object ({what}), got {_json_kind(data)}")
+        raise ValueError(f"{path}: expected a JSON object (meta.json), got {_json_kind(data)}")
     runs = data.get("runs", [])
     if not isinstance(runs, list) or not all(isinstance(r, dict) for r in runs):
         raise ValueError(f"{path}: 'runs' must be a list of JSON objects")
@@ -242,6 +236,15 @@ def read_meta(path: Path) -> dict:
 
 def _number_or_none(v) -> bool:
     return v is None or (isinstance(v, (int, float)) and not isinstance(v, bool))
+
+
+def _read_text(path: Path, what: str) -> str:
+    if path.is_dir():
+        raise ValueError(f"{path}: is a directory, not a {what} file")
+    try:
+        return path.read_text()
+    except (OSError, UnicodeDecodeError) as e:
+        raise ValueError(f"{path}: cannot read it ({getattr(e, 'strerror', None) or e})") from None
 
 
 def _json_kind(v) -> str:
@@ -274,12 +277,7 @@ def read_results(path: Path) -> tuple[list[dict], int | None]:
     line is left out and its number returned. Any other line that is not a benchmark point is a
     ValueError naming the file and the line; nothing is dropped silently."""
     path = Path(path)
-    if path.is_dir():
-        raise ValueError(f"{path}: is a directory, not a results.jsonl file")
-    try:
-        text = path.read_text()
-    except (OSError, UnicodeDecodeError) as e:
-        raise ValueError(f"{path}: cannot read it ({getattr(e, 'strerror', None) or e})") from None
+    text = _read_text(path, "results.jsonl")
     lines = text.split("\n")
     rows, cut = [], None
     for i, line in enumerate(lines, 1):
