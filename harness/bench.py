@@ -22,6 +22,7 @@ import os
 import platform
 import statistics
 import subprocess
+import sys
 import time
 import traceback
 from dataclasses import asdict, dataclass, field
@@ -207,17 +208,119 @@ def slug(text: str) -> str:
 
 
 # ---------------------------------------------------------------- the run
-def load_results(path: Path) -> list[dict]:
+# What every results.jsonl line must hold for `rank`, `report`, `merge` and `--resume` to use it.
+ROW_FIELDS = {"impl": str, "dsl": str, "op": str, "direction": str, "shape_set": str, "shape": str, "M": int, "N": int, "dtype": str, "status": str}
+ROW_STATUSES = ("ok", "failed", "error", "skip")
+
+
+def read_meta(path: Path) -> dict:
+    """A benchmark folder's meta.json; a one-line ValueError naming the file (and line) otherwise."""
+    path = Path(path)
+    text = _read_text(path, "meta.json")
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path}: line {e.lineno}: not valid JSON ({e.msg})") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: expected a JSON object (meta.json), got {_json_kind(data)}")
+    runs = data.get("runs", [])
+    if not isinstance(runs, list) or not all(isinstance(r, dict) for r in runs):
+        raise ValueError(f"{path}: 'runs' must be a list of JSON objects")
+    for r in runs:
+        if not isinstance(r.get("copy_bandwidth") or {}, dict) or not _number_or_none((r.get("copy_bandwidth") or {}).get("tbps")):
+            raise ValueError(f"{path}: a run's 'copy_bandwidth' must be an object with a number 'tbps'")
+    if not _number_or_none(data.get("copy_bandwidth_tbps")):
+        raise ValueError(f"{path}: 'copy_bandwidth_tbps' must be a number, got {data['copy_bandwidth_tbps']!r}")
+    return data
+
+
+def _number_or_none(v) -> bool:
+    return v is None or (isinstance(v, (int, float)) and not isinstance(v, bool))
+
+
+def _read_text(path: Path, what: str) -> str:
+    if path.is_dir():
+        raise ValueError(f"{path}: is a directory, not a {what} file")
+    try:
+        return path.read_text()
+    except (OSError, UnicodeDecodeError) as e:
+        raise ValueError(f"{path}: cannot read it ({getattr(e, 'strerror', None) or e})") from None
+
+
+def _json_kind(v) -> str:
+    return {dict: "an object", list: "a list", str: "a string", bool: "a boolean", type(None): "null"}.get(type(v), "a number")
+
+
+def _row_problem(row) -> str | None:
+    if not isinstance(row, dict):
+        return f"expected a JSON object (one benchmark point), got {_json_kind(row)}"
+    for key, typ in ROW_FIELDS.items():
+        if key not in row:
+            return f"not a benchmark point: no '{key}'"
+        if not isinstance(row[key], typ) or isinstance(row[key], bool):
+            return f"'{key}' is {_json_kind(row[key])}, expected {'an integer' if typ is int else 'a string'}"
+    if row["status"] not in ROW_STATUSES:
+        return f"unknown status '{row['status']}' (expected {', '.join(ROW_STATUSES)})"
+    for key in ("ms", "tbps", "frac_roofline"):
+        v = row.get(key)
+        if not _number_or_none(v) or (v is not None and not v > 0):
+            return f"'{key}' must be a positive number or null, got {v!r}"
+    if row["status"] == "ok" and row.get("ms") is None:
+        return "status 'ok' without a time ('ms')"
+    return None
+
+
+def read_results(path: Path) -> tuple[list[dict], int | None]:
+    """The points of a results.jsonl and the number of a cut-off last line (None if there is none).
+
+    An interrupted run can leave only its last line unfinished (no newline, not valid JSON): that
+    line is left out and its number returned. Any other line that is not a benchmark point is a
+    ValueError naming the file and the line; nothing is dropped silently."""
+    path = Path(path)
+    text = _read_text(path, "results.jsonl")
+    lines = text.split("\n")
+    rows, cut = [], None
+    for i, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as e:
+            if i == len(lines) and not text.endswith("\n"):
+                cut = i
+                continue
+            raise ValueError(f"{path}: line {i}: not valid JSON ({e.msg})") from None
+        problem = _row_problem(row)
+        if problem:
+            raise ValueError(f"{path}: line {i}: {problem}")
+        rows.append(row)
+    return rows, cut
+
+
+def _end_with_complete_line(path: Path) -> None:
+    """Before appending: cut a line an interrupted run left unfinished (load_results has said so),
+    or end a complete last line with its newline; every other byte stays as it was."""
+    text = path.read_text()
+    if not text or text.endswith("\n"):
+        return
+    head, _, last = text.rpartition("\n")
+    try:
+        json.loads(last)
+        path.write_text(text + "\n")
+    except json.JSONDecodeError:
+        path.write_text(head + "\n" if head else "")
+
+
+def load_results(path: Path, note=None) -> list[dict]:
+    """The points of ``path`` ([] when it does not exist); a cut-off last line is left out with a
+    one-line note (to stderr, or to ``note``)."""
+    path = Path(path)
     if not path.exists():
         return []
-    rows = []
-    for line in path.read_text().splitlines():
-        line = line.strip()
-        if line:
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError:
-                continue  # a line cut off by an interrupted run
+    rows, cut = read_results(path)
+    if cut:
+        msg = f"{path}: line {cut} is cut off (an interrupted run) and is left out"
+        (note or (lambda m: print(f"normbench: note: {m}", file=sys.stderr)))(msg)
     return rows
 
 
@@ -302,10 +405,10 @@ def run_bench(
     if not resume and results_path.exists():
         results_path.unlink()
     kept = load_results(results_path) if resume else []
-    if resume:  # rewrite without a line an interrupted run may have cut off
-        results_path.write_text("".join(json.dumps(r) + "\n" for r in kept))
+    meta = read_meta(meta_path) if (resume and meta_path.exists()) else {}
+    if resume and results_path.exists():
+        _end_with_complete_line(results_path)
     done = {point_key(r) for r in kept}
-    meta = json.loads(meta_path.read_text()) if (resume and meta_path.exists()) else {}
     if copy_bandwidth is None:
         from .roofline import measure_copy_bandwidth
 
@@ -358,13 +461,13 @@ def merge_results(dest: Path, sources: list[Path], commit: str | None = None) ->
     meta_path, results_path = dest / "meta.json", dest / "results.jsonl"
     if not results_path.exists() or not meta_path.exists():
         raise ValueError(f"{dest} is not a benchmark folder (no results.jsonl and meta.json)")
-    meta, rows = json.loads(meta_path.read_text()), load_results(results_path)
+    meta, rows = read_meta(meta_path), load_results(results_path)
     for src in map(Path, sources):
         if src.resolve() == dest.resolve():
             raise ValueError(f"{src} is the folder being merged into")
         if not (src / "results.jsonl").exists() or not (src / "meta.json").exists():
             raise ValueError(f"{src} is not a benchmark folder (no results.jsonl and meta.json)")
-        smeta, srows = json.loads((src / "meta.json").read_text()), load_results(src / "results.jsonl")
+        smeta, srows = read_meta(src / "meta.json"), load_results(src / "results.jsonl")
         if smeta.get("gpu") != meta.get("gpu"):
             raise ValueError(f"{src} was measured on {smeta.get('gpu')!r}, {dest} on {meta.get('gpu')!r}: results of different GPUs are never merged")
         offset = len(meta.get("runs", []))

@@ -16,6 +16,12 @@ from pathlib import Path
 from .contract import DIRECTIONS, DTYPES, OPS
 
 IMPLS_START, IMPLS_END = "<!-- impls:start -->", "<!-- impls:end -->"
+IMPL_HELP = (
+    "glob(s) over implementation names or DSLs, comma-separated; a plain name that is an implementation's "
+    "selects that one only; '!GLOB' excludes (default: all)"
+)
+OP_HELP = f"{', '.join(OPS)} (comma-separated; default: all)"
+REPORTS_HELP = "where to look for the newest report when no folder is given (default: reports)"
 
 
 class UsageError(ValueError):
@@ -57,6 +63,56 @@ def _require_cuda(command: str) -> None:
         raise UsageError(f"normbench {command} needs a CUDA GPU and none is available here")
 
 
+def _writable_where(path: Path, flag: str) -> None:
+    """The nearest existing folder above ``path`` must be a folder we can write in."""
+    up = path.parent
+    while not up.exists() and up != up.parent:
+        up = up.parent
+    if not up.is_dir():
+        raise UsageError(f"{flag} {path}: {up} is not a folder")
+    import tempfile
+
+    try:  # os.access says yes to root on read-only or virtual file systems: try it
+        with tempfile.TemporaryFile(dir=up):
+            pass
+    except OSError as e:
+        raise UsageError(f"{flag} {path}: cannot write in {up} ({e.strerror})") from None
+
+
+def _output_file(value: str | None, flag: str) -> Path | None:
+    """A file the command will write, checked before any work is done."""
+    if value is None:
+        return None
+    path = Path(value)
+    if path.is_dir():
+        raise UsageError(f"{flag} {path}: is a folder, not a file")
+    if path.exists() and not os.access(path, os.W_OK):
+        raise UsageError(f"{flag} {path}: cannot write it")
+    _writable_where(path, flag)
+    return path
+
+
+def _output_dir(value: str | Path | None, flag: str) -> Path | None:
+    """A folder the command will write into (created if missing), checked before any work is done."""
+    if value is None:
+        return None
+    path = Path(value)
+    if path.exists() and not path.is_dir():
+        raise UsageError(f"{flag} {path}: exists and is not a folder")
+    _writable_where(path / "x", flag)
+    return path
+
+
+def _readme(value: str) -> Path:
+    """A README whose generated section the command rewrites: an existing file we can write."""
+    path = Path(value)
+    if not path.is_file():
+        raise UsageError(f"--readme {path}: " + ("is a folder, not a file" if path.is_dir() else "no such file"))
+    if not os.access(path, os.R_OK | os.W_OK):
+        raise UsageError(f"--readme {path}: cannot read and write it")
+    return path
+
+
 def _console():
     from rich.console import Console
 
@@ -64,13 +120,28 @@ def _console():
 
 
 # ---------------------------------------------------------------- list
+NO_GPU = "needs a CUDA device and none is available here"
+
+
+def _why_not(impl, device: str) -> str | None:
+    """Why ``impl`` cannot run on ``device`` on this machine (None: it can)."""
+    import torch
+
+    why = impl.unavailable(device)
+    if why is None and device == "cuda" and not torch.cuda.is_available():
+        return NO_GPU
+    return why
+
+
 def implementation_rows(device: str | None = None) -> list[dict]:
     from .registry import all_implementations
 
+    here = device or _default_device()
     rows = []
     for impl in all_implementations().values():
         devices = [device] if device else list(impl.devices)
-        why = {d: impl.unavailable(d) for d in devices}
+        why = {d: _why_not(impl, d) for d in devices}
+        why_here = _why_not(impl, here)
         rows.append(
             {
                 "name": impl.name,
@@ -81,6 +152,7 @@ def implementation_rows(device: str | None = None) -> list[dict]:
                 "external": impl.external,
                 "available": {d: w is None for d, w in why.items()},
                 "why_not": {d: w for d, w in why.items() if w},
+                "here": {"device": here, "runs": why_here is None, "why_not": why_here},
                 "description": impl.description,
                 "sources": list(impl.sources),
                 "prompt": impl.prompt,
@@ -105,7 +177,7 @@ def markdown_impl_table() -> str:
 
 def cmd_list(a) -> int:
     if a.update_readme:
-        readme = Path(a.readme)
+        readme = _readme(a.readme)
         text = readme.read_text()
         if IMPLS_START not in text:
             raise UsageError(f"{readme} has no {IMPLS_START} ... {IMPLS_END} section")
@@ -132,12 +204,11 @@ def cmd_list(a) -> int:
 
     t = Table(title=f"normbench implementations (this machine: {device})")
     for c in ("name", "DSL", "ops", "dtypes", "runs here?"):
-        t.add_column(c)
+        t.add_column(c, overflow="fold")
     for r in rows:
-        here = device if device in r["devices"] else r["devices"][0]
-        ok = r["available"].get(here)
-        status = f"[green]yes[/] ({here})" if ok else f"[red]no[/]: {r['why_not'].get(here) or r['why_not'].get(device)}"
-        if not ok and device == "cuda" and "cpu" in r["available"] and r["available"]["cpu"]:
+        ok = r["here"]["runs"]
+        status = f"[green]yes[/] ({device})" if ok else f"[red]no[/]: {r['here']['why_not']}"
+        if not ok and device == "cuda" and r["available"].get("cpu"):
             status += " [dim](runs on cpu)[/]"
         name = r["name"] + (" [dim](external)[/]" if r["external"] else "")
         t.add_row(name, r["dsl"], ",".join(r["ops"]), ",".join(r["dtypes"]), status)
@@ -149,8 +220,18 @@ def cmd_list(a) -> int:
 
 
 # ---------------------------------------------------------------- check
+def _shape(text: str):
+    """One shape from the command line: parse_shape's checks, and a row length N >= 1."""
+    from .shapes import parse_shape
+
+    shape = parse_shape(text)
+    if shape.n < 1:
+        raise UsageError(f"bad shape '{text}': the last dimension (N, the normalized length) must be >= 1")
+    return shape
+
+
 def _shape_sets(value: str | None, device: str):
-    from .shapes import SHAPE_SETS, parse_shape
+    from .shapes import SHAPE_SETS
 
     if value is None:
         names = ["smoke", "edge"] if device == "cpu" else ["smoke", "edge", "decode"]
@@ -161,54 +242,29 @@ def _shape_sets(value: str | None, device: str):
         if nm in SHAPE_SETS:
             out.append((nm, SHAPE_SETS[nm]))
         elif re.fullmatch(r"[0-9x]+(:[a-z-]+)?", nm):
-            out.append(("custom", (parse_shape(nm),)))
+            out.append(("custom", (_shape(nm),)))
         else:
             raise UsageError(f"unknown shape set '{nm}'; choose from {', '.join(SHAPE_SETS)} or give a shape like 4096x8192")
     return out
 
 
-def cmd_check(a) -> int:
-    device = _device(a.device)
-    if device == "cpu":
-        # before anything imports triton: its own language functions are decorated at import
-        from .contract import INTERPRETERS
+ULP_NOTE = (
+    "max ulp: the largest error in units of the output dtype's last place at the reference value. A point "
+    "passes when every element is within max(ulps * ulp, rtol * |ref|) + floor * rms(its terms) "
+    "(harness/tolerances.py): near-zero elements of a cancelling sum (dx, dweight) are held to the floor, "
+    "not to 2 ulps, so a passing row can show a large max ulp."
+)
 
-        os.environ.setdefault(INTERPRETERS["triton"], "1")
-    from rich.progress import track
+
+def _check_table(results, device: str, width: int = 100):
     from rich.table import Table
 
-    from .checker import run_check
-    from .registry import select
-
-    ops = _split(a.op, OPS, "op")
-    dirs = _split(a.direction, DIRECTIONS, "direction")
-    dtypes = _split(a.dtype, tuple(DTYPES), "dtype")
-    sets = _shape_sets(a.shapes, device)
-    impls = select(a.impl)
-    points = [
-        (impl, op, d, dt, sname, s)
-        for impl in impls
-        for op in ops
-        if op in impl.ops
-        for d in dirs
-        for dt in dtypes
-        for sname, shapes in sets
-        for s in shapes
-    ]
-    results = []
-    skipped = {}
-    for impl, op, d, dt, sname, s in track(points, description="check", disable=a.quiet or not sys.stdout.isatty()):
-        if impl.name in skipped:
-            continue
-        r = run_check(impl, op, d, s, dt, device, seed=a.seed)
-        if r.status == "skip" and impl.unavailable(device):
-            skipped[impl.name] = r.error
-            continue
-        results.append((sname, r))
-    con = _console()
-    t = Table(title=f"normbench check ({device})")
-    for c in ("implementation", "op", "direction", "dtype", "shape set", "passed", "failed", "errors", "worst ulp"):
-        t.add_column(c, justify="right" if c in ("passed", "failed", "errors", "worst ulp") else "left")
+    t = Table(title=f"normbench check ({device})", padding=(0, 1), collapse_padding=True)
+    # names whole where the width allows (the other columns take 64), folded, never cut, otherwise
+    name_width = max(12, min(width - 64, max((len(r.impl) for _, r in results), default=14)))
+    for c in ("implementation", "op", "dir", "dtype", "shapes", "pass", "fail", "error", "max ulp"):
+        t.add_column(c, justify="right" if c in ("pass", "fail", "error", "max ulp") else "left", overflow="fold",
+                     min_width=name_width if c == "implementation" else None)  # fmt: skip
     groups: dict = {}
     for sname, r in results:
         groups.setdefault((r.impl, r.op, r.direction, r.dtype, sname), []).append(r)
@@ -219,7 +275,79 @@ def cmd_check(a) -> int:
         worst = max((t.max_ulp for r in rs for t in r.tensors if t.max_ulp == t.max_ulp), default=float("nan"))
         style = "green" if not (fail or err) else "red"
         t.add_row(name, op, d, dt, sname, f"[{style}]{ok}[/]", str(fail), str(err), f"{worst:.3g}")
-    con.print(t)
+    return t
+
+
+def _check_progress(groups: list, quiet: bool):
+    """One (implementation, op, points) group at a time: a bar naming the implementation on a
+    terminal, one line per group otherwise (a log must show that a long check is moving)."""
+    import time
+
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    total = sum(len(pts) for _, _, pts in groups)
+    if quiet or not sys.stdout.isatty():
+        done = 0
+        for i, (name, op, pts) in enumerate(groups, 1):
+            t0 = time.perf_counter()
+            stats: dict = {}
+            for pt in pts:
+                yield pt, stats
+            done += len(pts)
+            if not quiet:
+                counts = ", ".join(f"{v} {k}" for k, v in sorted(stats.items()))
+                print(f"check [{i}/{len(groups)}] {name} {op}: {counts or 'nothing run'} "
+                      f"({time.perf_counter() - t0:.1f} s; {done}/{total} points)", flush=True)  # fmt: skip
+        return
+    cols = (TextColumn("check [bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*cols, transient=True) as bar:
+        task = bar.add_task("", total=total)
+        for name, op, pts in groups:
+            bar.update(task, description=f"{name} {op}")
+            stats = {}
+            for pt in pts:
+                yield pt, stats
+                bar.advance(task)
+
+
+def cmd_check(a) -> int:
+    device = _device(a.device)
+    if device == "cpu":
+        # before anything imports triton: its own language functions are decorated at import
+        from .contract import INTERPRETERS
+
+        os.environ.setdefault(INTERPRETERS["triton"], "1")
+    from .checker import run_check
+    from .registry import select
+
+    ops = _split(a.op, OPS, "op")
+    dirs = _split(a.direction, DIRECTIONS, "direction")
+    dtypes = _split(a.dtype, tuple(DTYPES), "dtype")
+    sets = _shape_sets(a.shapes, device)
+    json_path = _output_file(a.json, "--json")
+    impls = select(a.impl)
+    groups = [
+        (impl.name, op, [(impl, op, d, dt, sname, s) for d in dirs for dt in dtypes for sname, shapes in sets for s in shapes])
+        for impl in impls
+        for op in ops
+        if op in impl.ops
+    ]
+    results = []
+    skipped = {}
+    for (impl, op, d, dt, sname, s), stats in _check_progress(groups, a.quiet):
+        if impl.name in skipped:
+            stats["skipped"] = stats.get("skipped", 0) + 1
+            continue
+        r = run_check(impl, op, d, s, dt, device, seed=a.seed)
+        word = {"pass": "passed", "fail": "failed", "error": "errors", "skip": "skipped"}[r.status]
+        stats[word] = stats.get(word, 0) + 1
+        if r.status == "skip" and impl.unavailable(device):
+            skipped[impl.name] = r.error
+            continue
+        results.append((sname, r))
+    con = _console()
+    con.print(_check_table(results, device, con.width))
+    con.print(f"[dim]{ULP_NOTE}[/]")
     for name, why in skipped.items():
         con.print(f"[yellow]skipped[/] {name}: {why}")
     bad = [(s, r) for s, r in results if r.status in ("fail", "error")]
@@ -227,7 +355,7 @@ def cmd_check(a) -> int:
         con.print(f"[red]{r.status.upper()}[/] {r.impl} {r.op} {r.direction} {r.dtype} {r.shape}: {r.summary()}")
     if len(bad) > 50:
         con.print(f"... and {len(bad) - 50} more")
-    if a.json:
+    if json_path:
         from .bench import environment
 
         payload = {
@@ -236,10 +364,15 @@ def cmd_check(a) -> int:
             "skipped": skipped,
             "results": [dict(r.to_json(), shape_set=s) for s, r in results],
         }
-        Path(a.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(a.json).write_text(json.dumps(payload, indent=1))
+        json_path.parent.mkdir(parents=True, exist_ok=True)
+        json_path.write_text(json.dumps(payload, indent=1))
     n_ok = sum(r.status == "pass" for _, r in results)
-    con.print(f"{n_ok} passed, {len(bad)} failed, {len(skipped)} implementations skipped")
+    n_skip = sum(r.status == "skip" for _, r in results)
+    con.print(f"{n_ok} passed, {len(bad)} failed, {n_skip} points skipped, {len(skipped)} implementations skipped")
+    if not n_ok and not bad:
+        reasons = sorted({why for why in skipped.values()} | {r.error for _, r in results if r.status == "skip"})
+        print(f"normbench: check: nothing was checked on {device}: every selected point was skipped ({'; '.join(reasons)})", file=sys.stderr)
+        return 1
     return 1 if bad else 0
 
 
@@ -259,7 +392,7 @@ def cmd_bench(a) -> int:
     sets = _shape_sets(a.shapes or "sweep,decode", "cuda")
     impls = select(a.impl)
     profile_ns = _ints(a.profile_n, "--profile-n") if a.profile else None
-    out = Path(a.out) if a.out else default_out_dir(torch.cuda.get_device_name(0))
+    out = _output_dir(a.out or default_out_dir(torch.cuda.get_device_name(0)), "--out")
     command = "normbench " + " ".join(shlex.quote(x) for x in sys.argv[1:])
     from .bench import CudaTimer
 
@@ -301,14 +434,15 @@ def cmd_merge(a) -> int:
 def cmd_overhead(a) -> int:
     from .overhead import markdown, run
     from .registry import select
-    from .shapes import parse_shape
 
     device = _device(a.device)
     ops = _split(a.op, OPS, "op")
     if a.calls < 1 or a.trials < 1:
         raise UsageError("--calls and --trials must be >= 1")
-    out = Path(a.out) if a.out else None
-    rows = run(select(a.impl), ops, parse_shape(a.shape), a.dtype, device, out, a.calls, a.trials)
+    out = _output_file(a.out, "--out")
+    if out:
+        out.parent.mkdir(parents=True, exist_ok=True)
+    rows = run(select(a.impl), ops, _shape(a.shape), a.dtype, device, out, a.calls, a.trials)
     print("\n".join(markdown(rows)))
     if out:
         print(f"wrote {out}")
@@ -334,19 +468,22 @@ def cmd_profile(a) -> int:
     return 0
 
 
-def _print_rank(rows) -> None:
+def _print_rank(rows) -> int:
+    """Print the leaderboards; returns how many were printed."""
     from rich.table import Table
 
     from . import rank
 
     con = _console()
+    printed = 0
     for op, d, sset, dt in rank.sections(rows):
         board = rank.leaderboard(rows, op, d, sset, dt)
         if not board:
             continue
+        printed += 1
         t = Table(title=f"{op} {d} — {sset}, {dt}")
-        for c in ("#", "implementation", "DSL", "frac. of copy BW", "TB/s", "µs", "coverage", "vs eager"):
-            t.add_column(c, justify="left" if c in ("implementation", "DSL") else "right")
+        for c in ("#", "implementation", "DSL", "of copy BW", "TB/s", "µs", "passed", "vs eager"):
+            t.add_column(c, justify="left" if c in ("implementation", "DSL") else "right", overflow="fold")
         for i, r in enumerate(board, 1):
             name = r.impl + (" [dim](external)[/]" if r.external else "")
             t.add_row(
@@ -361,18 +498,22 @@ def _print_rank(rows) -> None:
         win = rank.winners(rows, op, d, sset, dt)
         if win:
             con.print("  winners: " + ", ".join(f"{w['shape']}: {w['best']['impl']}" for w in win))
+    return printed
 
 
 def cmd_rank(a) -> int:
     from . import report
+    from .bench import load_results
 
-    dirs = [Path(p) for p in a.results] or [report.newest_report(Path(a.reports))]
+    paths = [Path(p) for p in a.results] or [report.newest_report(Path(a.reports))]
     rows = []
-    for d in dirs:
-        d = d.parent if d.is_file() else d
-        _, r = report.load(d)
-        rows += r
-    _print_rank(rows)
+    for path in paths:
+        rows += load_results(path) if path.is_file() else report.load(path)[1]
+    where = ", ".join(map(str, paths))
+    if not rows:
+        raise UsageError(f"no benchmark points in {where}")
+    if not _print_rank(rows):
+        raise UsageError(f"nothing to rank in {where}: all {len(rows)} points were skipped (not run here)")
     return 0
 
 
@@ -380,10 +521,11 @@ def cmd_report(a) -> int:
     from . import report
 
     d = Path(a.dir) if a.dir else report.newest_report(Path(a.reports))
+    readme = _readme(a.readme) if a.update_readme else None
     written = report.write_report(d)
     print(f"wrote {written['report']}, {written['csv']} and {len(written['plots'])} plots")
     if a.update_readme:
-        report.update_readme(d, Path(a.readme))
+        report.update_readme(d, readme)
         print(f"updated the leaderboard in {a.readme} from {d}")
     return 0
 
@@ -395,12 +537,13 @@ def cmd_tune(a) -> int:
     impls = [i for i in select(a.impl) if i.hooks.get("tune")]
     if not impls:
         raise UsageError(f"no implementation matching '{a.impl}' has a tune hook")
-    dev = _device("cuda")
+    _require_cuda("tune")
+    dev = "cuda"
     ops = _split(a.op, OPS, "op")
     sets = _shape_sets(a.shapes or "sweep", dev)
     shapes = [s for _, ss in sets for s in ss]
     dtype = _split(a.dtype or "bf16", tuple(DTYPES), "dtype")[0]
-    log_dir = Path(a.log_dir)
+    log_dir = _output_dir(a.log_dir, "--log-dir")
     log_dir.mkdir(parents=True, exist_ok=True)
     for impl in impls:
         why = impl.unavailable(dev)
@@ -425,9 +568,11 @@ def cmd_codegen(a) -> int:
         raise UsageError(f"implementation '{impl.name}' does not implement {a.op}")
     if a.n < 1:
         raise UsageError(f"--n must be >= 1, got {a.n}")
+    out = _output_file(a.out, "--out")
     src = fn(op=a.op, direction=a.direction, n=a.n, dtype=a.dtype)
-    if a.out:
-        Path(a.out).write_text(src)
+    if out:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(src)
         print(f"wrote {a.out}")
     else:
         print(src)
@@ -448,30 +593,38 @@ def cmd_delegate(module: str):
 
 
 # ---------------------------------------------------------------- parser
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line (and exit status 2) like every other bad input."""
+
+    def error(self, message):
+        command = self.prog.removeprefix("normbench").strip()
+        raise UsageError(f"{command}: {message}" if command else message)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="normbench", description="RMSNorm / LayerNorm kernels across GPU DSLs: checked against fp64, ranked against the copy roofline.")
+    p = _Parser(prog="normbench", description="RMSNorm / LayerNorm kernels across GPU DSLs: checked against fp64, ranked against the copy roofline.")
     sub = p.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
 
     s = sub.add_parser("list", help="every implementation, whether it runs here and why not")
-    s.add_argument("--json", action="store_true")
+    s.add_argument("--json", action="store_true", help="print the records as JSON")
     s.add_argument("--markdown", action="store_true", help="the README's implementation table")
     s.add_argument("--update-readme", action="store_true", help="regenerate the table in README.md")
-    s.add_argument("--readme", default="README.md")
+    s.add_argument("--readme", default="README.md", help="the README --update-readme rewrites (default: README.md)")
     s.set_defaults(fn=cmd_list)
 
     def common(s, directions=DIRECTIONS):
-        s.add_argument("--impl", help="glob(s) over implementation names or DSLs, comma-separated (default: all)")
-        s.add_argument("--op", help="rmsnorm, layernorm or both (comma-separated)")
+        s.add_argument("--impl", help=IMPL_HELP)
+        s.add_argument("--op", help=OP_HELP)
         s.add_argument("--direction", help=f"{', '.join(directions)} (comma-separated)")
         s.add_argument("--shapes", help="shape set(s): smoke, edge, sweep, decode, or MxN (comma-separated)")
-        s.add_argument("--dtype", help="bf16, fp16, fp32 (comma-separated)")
+        s.add_argument("--dtype", help=f"{', '.join(DTYPES)} (comma-separated)")
 
     s = sub.add_parser("check", help="the correctness matrix against the fp64 reference")
     common(s)
     s.add_argument("--device", help="cpu or cuda (default: cuda if available)")
     s.add_argument("--json", metavar="FILE", help="write every result as JSON")
-    s.add_argument("--seed", type=int, default=0)
-    s.add_argument("--quiet", action="store_true")
+    s.add_argument("--seed", type=int, default=0, help="seed of the drawn inputs (default: 0)")
+    s.add_argument("--quiet", action="store_true", help="no progress bar or progress lines")
     s.set_defaults(fn=cmd_check)
 
     s = sub.add_parser("bench", help="check, then time against the copy roofline (GPU)")
@@ -486,14 +639,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("rank", help="leaderboards from benchmark results (default: the newest report)")
     s.add_argument("results", nargs="*", help="report folders or results.jsonl files")
-    s.add_argument("--reports", default="reports")
+    s.add_argument("--reports", default="reports", help=REPORTS_HELP)
     s.set_defaults(fn=cmd_rank)
 
     s = sub.add_parser("report", help="write report.md, results.csv and plots for a benchmark folder")
     s.add_argument("dir", nargs="?", help="report folder (default: the newest)")
-    s.add_argument("--reports", default="reports")
+    s.add_argument("--reports", default="reports", help=REPORTS_HELP)
     s.add_argument("--update-readme", action="store_true", help="regenerate the README's leaderboard section")
-    s.add_argument("--readme", default="README.md")
+    s.add_argument("--readme", default="README.md", help="the README --update-readme rewrites (default: README.md)")
     s.set_defaults(fn=cmd_report)
 
     s = sub.add_parser("merge", help="fold other benchmark folders of the same GPU into one (their points replace same-key points)")
@@ -503,42 +656,42 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(fn=cmd_merge)
 
     s = sub.add_parser("overhead", help="host time per call (contract functions, autograd fwd+bwd) on a tiny shape")
-    s.add_argument("--impl", help="glob(s) over implementation names or DSLs, comma-separated (default: all)")
-    s.add_argument("--op", help="rmsnorm, layernorm or both (comma-separated)")
+    s.add_argument("--impl", help=IMPL_HELP)
+    s.add_argument("--op", help=OP_HELP)
     s.add_argument("--shape", default="4x4096", help="a shape small enough that the GPU waits for the host (default: 4x4096)")
-    s.add_argument("--dtype", default="bf16", choices=tuple(DTYPES))
+    s.add_argument("--dtype", default="bf16", choices=tuple(DTYPES), help="the dtype (default: bf16)")
     s.add_argument("--device", help="cpu or cuda (default: cuda if available)")
-    s.add_argument("--calls", type=int, default=200)
-    s.add_argument("--trials", type=int, default=5)
+    s.add_argument("--calls", type=int, default=200, help="calls timed per trial (default: 200)")
+    s.add_argument("--trials", type=int, default=5, help="trials; the report gives their median and spread (default: 5)")
     s.add_argument("--out", help="write the rows as JSON here")
     s.set_defaults(fn=cmd_overhead)
 
     s = sub.add_parser("profile", help="Nsight Compute counters for benchmarked points: DRAM bytes vs the bytes model (GPU)")
     s.add_argument("dir", nargs="?", help="benchmark folder (default: the newest)")
-    s.add_argument("--reports", default="reports")
+    s.add_argument("--reports", default="reports", help=REPORTS_HELP)
     s.add_argument("--impl", help="glob(s) over implementation names or DSLs (default: the best of each DSL)")
-    s.add_argument("--op", help="rmsnorm, layernorm or both (comma-separated)")
+    s.add_argument("--op", help=OP_HELP)
     s.add_argument("--direction", help="fwd, bwd, fwdbwd (comma-separated)")
     s.add_argument("--n", help="row lengths N of the sweep points to profile (default: 4096,16384,262144)")
-    s.add_argument("--dtype", default="bf16", choices=tuple(DTYPES))
+    s.add_argument("--dtype", default="bf16", choices=tuple(DTYPES), help="the dtype (default: bf16)")
     s.add_argument("--timeout", type=float, default=300, help="seconds per point before ncu is stopped")
     s.set_defaults(fn=cmd_profile)
 
     s = sub.add_parser("tune", help="offline tuning for implementations that pin configs (GPU)")
-    s.add_argument("--impl", required=True)
-    s.add_argument("--op")
-    s.add_argument("--shapes")
-    s.add_argument("--dtype")
-    s.add_argument("--log-dir", default="reports/tuning")
+    s.add_argument("--impl", required=True, help="glob(s) over implementation names or DSLs; those with a tune hook are tuned")
+    s.add_argument("--op", help=OP_HELP)
+    s.add_argument("--shapes", help="shape set(s) or MxN to tune for (default: sweep)")
+    s.add_argument("--dtype", help="the dtype to tune for (default: bf16)")
+    s.add_argument("--log-dir", default="reports/tuning", help="where the tuning logs go (default: reports/tuning)")
     s.set_defaults(fn=cmd_tune)
 
     s = sub.add_parser("codegen", help="print the code an implementation generates (e.g. Helion -> Triton)")
-    s.add_argument("impl")
-    s.add_argument("--op", default="rmsnorm", choices=OPS)
-    s.add_argument("--direction", default="fwd", choices=DIRECTIONS)
-    s.add_argument("--n", type=int, default=4096)
-    s.add_argument("--dtype", default="bf16", choices=tuple(DTYPES))
-    s.add_argument("--out")
+    s.add_argument("impl", help="an implementation with a codegen hook (e.g. helion)")
+    s.add_argument("--op", default="rmsnorm", choices=OPS, help="the op (default: rmsnorm)")
+    s.add_argument("--direction", default="fwd", choices=DIRECTIONS, help="fwd or bwd (default: fwd)")
+    s.add_argument("--n", type=int, default=4096, help="the row length N (default: 4096)")
+    s.add_argument("--dtype", default="bf16", choices=tuple(DTYPES), help="the dtype (default: bf16)")
+    s.add_argument("--out", help="write the code to this file instead of printing it")
     s.set_defaults(fn=cmd_codegen)
 
     for name, helptext in (("tritonbench", "run TritonBench with every implementation registered"), ("generate", "generate kernels with an LLM endpoint")):
@@ -551,12 +704,12 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     parser = build_parser()
-    if argv and argv[0] in ("tritonbench", "generate"):
-        # argparse.REMAINDER refuses a first argument that starts with '--': pass the rest verbatim
-        args = argparse.Namespace(fn=cmd_delegate(argv[0]), rest=argv[1:])
-    else:
-        args = parser.parse_args(argv)
     try:
+        if argv and argv[0] in ("tritonbench", "generate"):
+            # argparse.REMAINDER refuses a first argument that starts with '--': pass the rest verbatim
+            args = argparse.Namespace(fn=cmd_delegate(argv[0]), rest=argv[1:])
+        else:
+            args = parser.parse_args(argv)
         return args.fn(args)
     except (ValueError, TypeError) as e:
         if os.environ.get("NORMBENCH_DEBUG"):

@@ -59,14 +59,16 @@ def get(name: str) -> Implementation:
 
 def select(pattern: str | None = None, op: str | None = None) -> list[Implementation]:
     """Implementations whose name or DSL matches the glob(s) ``pattern`` (comma-separated; a glob
-    starting with '!' excludes, e.g. ``*,!compile-max-autotune``)."""
+    starting with '!' excludes, e.g. ``*,!compile-max-autotune``). A plain word that is an
+    implementation's name means that implementation only, so ``eager`` never also picks up a new
+    folder that declares ``dsl="eager"``."""
     reg = all_implementations()
     pats = [p.strip() for p in (pattern or "*").split(",") if p.strip()]
     keep = [p for p in pats if not p.startswith("!")] or ["*"]
     drop = [p[1:] for p in pats if p.startswith("!")]
 
     def hit(i, globs):
-        return any(fnmatch.fnmatch(i.name, p) or fnmatch.fnmatch(i.dsl, p) for p in globs)
+        return any(fnmatch.fnmatch(i.name, p) or (p not in reg and fnmatch.fnmatch(i.dsl, p)) for p in globs)
 
     out = [i for i in reg.values() if hit(i, keep) and not (drop and hit(i, drop)) and (op is None or op in i.ops)]
     if not out and pattern:

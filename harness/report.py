@@ -9,7 +9,7 @@ import re
 from pathlib import Path
 
 from . import rank
-from .bench import load_results
+from .bench import load_results, read_meta
 
 CSV_FIELDS = (
     "impl", "dsl", "external", "op", "direction", "shape_set", "shape", "M", "N", "dtype", "status", "check",
@@ -19,12 +19,16 @@ README_START, README_END = "<!-- leaderboard:start -->", "<!-- leaderboard:end -
 
 
 def load(report_dir: Path) -> tuple[dict, list[dict]]:
+    """meta.json (``{}`` when absent) and the points of a benchmark folder; a one-line ValueError
+    naming the file and line for anything else."""
     report_dir = Path(report_dir)
+    if not report_dir.is_dir():
+        raise ValueError(f"{report_dir}: no such benchmark folder" if not report_dir.exists() else f"{report_dir}: not a folder")
     res = report_dir / "results.jsonl"
     if not res.exists():
         raise ValueError(f"no results.jsonl in {report_dir}")
     meta_path = report_dir / "meta.json"
-    meta = json.loads(meta_path.read_text()) if meta_path.exists() else {}
+    meta = read_meta(meta_path) if meta_path.exists() else {}
     return meta, load_results(res)
 
 

@@ -423,7 +423,9 @@ Everything else goes to TritonBench, e.g. --mode fwd|bwd|fwd_bwd (or --bwd), --p
 def _parse_own_args(argv: list[str]):
     if any(a in ("-h", "--help") for a in argv):
         return None, argv
-    p = argparse.ArgumentParser(prog="normbench tritonbench", add_help=False, allow_abbrev=False)
+    from .cli import _Parser  # a usage error is one line, as everywhere in normbench
+
+    p = _Parser(prog="normbench tritonbench", add_help=False, allow_abbrev=False)
     p.add_argument("--op", default=",".join(OPERATORS))
     p.add_argument("--impl", default=None)
     p.add_argument("--report-dir", default=None)
@@ -546,7 +548,12 @@ def main(argv: list[str]) -> int:
     ours, rest = _parse_own_args(argv)
     if ours is None:  # --help: ours, then TritonBench's (argparse prints it and exits 0)
         print(USAGE)
-        load_tritonbench().get_parser(["--help"])
+        try:
+            tb = load_tritonbench()
+        except ValueError as e:  # help is still help: say why TritonBench's own options are missing
+            print(f"(TritonBench's own options are not listed: {e})")
+            return 0
+        tb.get_parser(["--help"])
         return 0
     tb = load_tritonbench()
     for tb_op in ours.ops:

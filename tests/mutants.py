@@ -93,3 +93,21 @@ def _raises(*a, **k):
 
 def crashing():
     return SimpleNamespace(rmsnorm_fwd=_raises, rmsnorm_bwd=_raises, layernorm_fwd=_raises, layernorm_bwd=_raises)
+
+
+def dweight_16bit_row_blocks(block: int = 100):
+    """Each block of ``block`` rows (one program's share) sums its dweight partial in fp32, but the
+    partials are added up in x's dtype: the bug `normbench check --shapes smoke,edge` caught in fp16
+    on the 128-row smoke shapes. With 100 rows per block no edge shape spans two blocks' worth of
+    error, so only a 128-row shape shows it."""
+
+    def rmsnorm_bwd(dy, x, weight, rstd):
+        n = x.shape[-1]
+        dy2, x2 = dy.reshape(-1, n), x.reshape(-1, n)  # the checker hands 3-D shapes over as they are
+        dx, _ = eager.rmsnorm_bwd(dy2, x2, weight, rstd.reshape(-1))
+        acc = torch.zeros(n, dtype=x.dtype, device=x.device)
+        for part in (dy2.float() * x2.float() * rstd.reshape(-1, 1)).split(block):
+            acc = acc + part.sum(0).to(x.dtype)
+        return dx.reshape(x.shape), acc.to(weight.dtype)
+
+    return SimpleNamespace(rmsnorm_fwd=eager.rmsnorm_fwd, rmsnorm_bwd=rmsnorm_bwd)
