@@ -40,7 +40,9 @@ Where a config comes from, in order:
 The bucket is ``next_pow2(N)``: it is the register tile width, so every N in a bucket compiles to
 the same kernel. A table may also hold an exact N (a sweep point whose own best beat its bucket's
 config by more than the noise); it takes precedence over the bucket. The tables are keyed by N
-alone, not dtype: the register footprint is fp32 whatever the input dtype.
+alone, not dtype: the register footprint is fp32 whatever the input dtype (the autotune cache
+is keyed by x's dtype, the bytes of a row, whatever the weight's). The fused add + RMSNorm borrows
+RMSNorm's tables (``BORROWS``) until it is measured on its own.
 """
 
 from __future__ import annotations
@@ -160,6 +162,14 @@ def candidates(direction: str, n: int) -> list[Config]:
 # ------------------------------------------------------------------------------ pinned tables
 _PINNED: dict | None = None
 
+# Ops measured on no GPU yet, and the op whose table they use meanwhile. The fused add + RMSNorm
+# runs RMSNorm's kernels, walking the rows the same way with twice the row traffic per element
+# (x and residual in, y and residual_out out; dy, residual_out and dresidual_out in, dh out): the
+# same tile keeps twice the bytes in flight. Its registers grow by the extra row in its storage
+# dtype (the fp32 math is the same), and the re-read backward loads dresidual_out only when dx is
+# formed, so RMSNorm's configs are a fair start; not measured yet.
+BORROWS = {"add_rmsnorm": "rmsnorm"}
+
 
 def pinned_table() -> dict:
     """{gpu name: {"rmsnorm_fwd": {bucket (str): config dict}, ...}} from ``norm_configs.json``."""
@@ -171,8 +181,10 @@ def pinned_table() -> dict:
 
 
 def pinned(gpu: str, op: str, direction: str, n: int) -> Config | None:
-    """An entry for exactly N (a sweep point that beat its bucket's config), else for N's bucket."""
-    table = pinned_table().get(gpu, {}).get(f"{op}_{direction}", {})
+    """An entry for exactly N (a sweep point that beat its bucket's config), else for N's bucket.
+    An op without a table of its own on this GPU uses the one it borrows (``BORROWS``)."""
+    tables = pinned_table().get(gpu, {})
+    table = tables.get(f"{op}_{direction}") or tables.get(f"{BORROWS.get(op, op)}_{direction}", {})
     entry = table.get(str(n)) or table.get(str(bucket(n)))
     return Config(**entry) if entry else None
 
