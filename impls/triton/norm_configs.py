@@ -42,14 +42,14 @@ the same kernel. A table may also hold an exact N (a sweep point whose own best 
 config by more than the noise); it takes precedence over the bucket. The tables are keyed by N
 alone, not dtype: the register footprint is fp32 whatever the input dtype (the autotune cache
 is keyed by x's dtype, the bytes of a row, whatever the weight's). The fused add + RMSNorm borrows
-RMSNorm's tables (``BORROWS``) until it is measured on its own.
+RMSNorm's tables and heuristic, adapted (``BORROWS``), until it is measured on its own.
 """
 
 from __future__ import annotations
 
 import json
 import os
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import torch
 
@@ -162,13 +162,26 @@ def candidates(direction: str, n: int) -> list[Config]:
 # ------------------------------------------------------------------------------ pinned tables
 _PINNED: dict | None = None
 
-# Ops measured on no GPU yet, and the op whose table they use meanwhile. The fused add + RMSNorm
-# runs RMSNorm's kernels, walking the rows the same way with twice the row traffic per element
-# (x and residual in, y and residual_out out; dy, residual_out and dresidual_out in, dh out): the
-# same tile keeps twice the bytes in flight. Its registers grow by the extra row in its storage
-# dtype (the fp32 math is the same), and the re-read backward loads dresidual_out only when dx is
-# formed, so RMSNorm's configs are a fair start; not measured yet.
-BORROWS = {"add_rmsnorm": "rmsnorm"}
+
+
+def _fused_add_config(cfg: Config, direction: str) -> Config:
+    """RMSNorm's config as the fused add + RMSNorm runs it. The same tile keeps twice the bytes in
+    flight (x and residual in, y and residual_out out; dy, residual_out and dresidual_out in, dh
+    out), and the fp32 math is RMSNorm's, so the whole-row tiles and the backward carry over: built
+    offline for sm_90a (ptxas, bf16, the H200 table) the fused kernels take about RMSNorm's
+    registers (whole-row forward up to N = 32768: no spills; backward: the same programs per SM
+    resident, the re-read kernels at N = 5120-16384 with 8-32 bytes of stack where RMSNorm's has
+    0-16). The chunked forward's chunk is halved: a chunk of x and residual then holds what
+    RMSNorm's chunk of x does (N = 65536 with 32768-wide chunks at 32 warps: 48 bytes of spills,
+    with 16384: none). Not timed on a GPU yet."""
+    if direction == "fwd" and cfg.chunk:
+        return replace(cfg, chunk=max(MIN_BLOCK, cfg.chunk // 2))
+    return cfg
+
+
+# Ops measured on no GPU yet: the op whose table (and heuristic) they use meanwhile, and how its
+# configs are adapted.
+BORROWS = {"add_rmsnorm": ("rmsnorm", _fused_add_config)}
 
 
 def pinned_table() -> dict:
@@ -184,7 +197,11 @@ def pinned(gpu: str, op: str, direction: str, n: int) -> Config | None:
     """An entry for exactly N (a sweep point that beat its bucket's config), else for N's bucket.
     An op without a table of its own on this GPU uses the one it borrows (``BORROWS``)."""
     tables = pinned_table().get(gpu, {})
-    table = tables.get(f"{op}_{direction}") or tables.get(f"{BORROWS.get(op, op)}_{direction}", {})
+    if f"{op}_{direction}" not in tables and op in BORROWS:
+        source, adapt = BORROWS[op]
+        cfg = pinned(gpu, source, direction, n)
+        return adapt(cfg, direction) if cfg else None
+    table = tables.get(f"{op}_{direction}", {})
     entry = table.get(str(n)) or table.get(str(bucket(n)))
     return Config(**entry) if entry else None
 
@@ -221,5 +238,9 @@ def choose(op: str, direction: str, n: int, device: torch.device, launch=None, d
 
 
 def lookup(gpu: str, op: str, direction: str, n: int) -> Config:
-    """The pinned config for this GPU and N bucket, else the heuristic's."""
-    return pinned(gpu, op, direction, n) or heuristic(direction, n)
+    """The pinned config for this GPU and N bucket, else the heuristic's (adapted for an op that
+    borrows another's configs)."""
+    found = pinned(gpu, op, direction, n)
+    if found:
+        return found
+    return BORROWS[op][1](heuristic(direction, n), direction) if op in BORROWS else heuristic(direction, n)

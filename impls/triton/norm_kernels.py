@@ -237,8 +237,8 @@ def launch_fwd(cfg: Config, x, weight, bias, eps, layernorm: bool, y, mean, rstd
     kernel, width = (_norm_fwd_chunked_kernel, cfg.chunk) if cfg.chunk else (_norm_fwd_row_kernel, bucket(N))
     exact = () if cfg.chunk else (N if cfg.exact_n else 0,)
     fused = residual is not None
-    r, h = (residual, residual_out) if fused else (x, y)  # x, y: placeholders, never touched
-    return kernel[(grid,)](
+    r, h = (residual, residual_out) if fused else (x, y)
+    return kernel[(grid,)](  # x, y in place of absent tensors: never touched
         x, r, x if weight is None else weight, x if bias is None else bias, y, h, mean, rstd,
         M, N, x.stride(0), r.stride(0), y.stride(0), h.stride(0), eps,
         layernorm, fused, weight is not None, bias is not None,
