@@ -43,6 +43,10 @@ config by more than the noise); it takes precedence over the bucket. The tables 
 alone, not dtype: the register footprint is fp32 whatever the input dtype (the autotune cache
 is keyed by x's dtype, the bytes of a row, whatever the weight's). The fused add + RMSNorm borrows
 RMSNorm's tables and heuristic, adapted (``BORROWS``), until it is measured on its own.
+Known gap: the tables were measured with weights of x's dtype. With fp32 weights, an sm_90a build
+(``sm90a_build``, ``sm90a_resources.txt``) of the H200 configs spills 112-224 bytes per thread in
+the re-read backward (N = 5120-16384) and 40 in the whole-row forward at N = 32768, RMSNorm and
+the fused add alike; not re-measured with fp32 weights yet.
 """
 
 from __future__ import annotations
@@ -168,12 +172,13 @@ def _fused_add_config(cfg: Config, direction: str) -> Config:
     """RMSNorm's config as the fused add + RMSNorm runs it. The same tile keeps twice the bytes in
     flight (x and residual in, y and residual_out out; dy, residual_out and dresidual_out in, dh
     out), and the fp32 math is RMSNorm's, so the whole-row tiles and the backward carry over: built
-    offline for sm_90a (ptxas, bf16, the H200 table) the fused kernels take about RMSNorm's
-    registers (whole-row forward up to N = 32768: no spills; backward: the same programs per SM
-    resident, the re-read kernels at N = 5120-16384 with 8-32 bytes of stack where RMSNorm's has
-    0-16). The chunked forward's chunk is halved: a chunk of x and residual then holds what
-    RMSNorm's chunk of x does (N = 65536 with 32768-wide chunks at 32 warps: 48 bytes of spills,
-    with 16384: none). Not timed on a GPU yet."""
+    for sm_90a without a GPU (``sm90a_build``; its output for the H200 table is in
+    ``sm90a_resources.txt``), the fused kernels take about RMSNorm's registers (whole-row forward
+    up to N = 32768: no stack; backward: the programs per SM the config launches all fit, the
+    re-read kernels at N = 5120-16384 with 8-32 bytes of stack where RMSNorm's have 0-16). The
+    chunked forward's chunk is halved, so that a chunk of x and residual holds what RMSNorm's chunk
+    of x does: at N = 65536, 32 warps, 32768-wide chunks gave the fused kernel 48 bytes of stack,
+    16384-wide none. Not timed on a GPU yet."""
     if direction == "fwd" and cfg.chunk:
         return replace(cfg, chunk=max(MIN_BLOCK, cfg.chunk // 2))
     return cfg

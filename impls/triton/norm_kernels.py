@@ -354,8 +354,9 @@ def _norm_bwd_row_kernel(
             dx = (g - xhat * c1[:, None]) * rstd[:, None]
         if HAS_DRESIDUAL:
             # the fused add's dresidual_out, added before dx's single rounding. Loaded here, not
-            # prefetched with x and dy: a third prefetched tile took the sm_90a build at N = 4096
-            # (8 warps) from 99 to 150 registers, one program per SM instead of the config's two.
+            # prefetched with x and dy: built for sm_90a (``sm90a_build``), a variant prefetching
+            # it took N = 4096 (8 warps) from 99 to 150 registers, one program per SM where the
+            # config launches two.
             dx += tl.load(dres_ptrs, mask=mask, other=0.0).to(tl.float32)
         if HAS_WEIGHT:
             dw += tl.sum(dy * xhat, axis=0)
