@@ -536,8 +536,8 @@ def launch_bwd(cfg: Config, dy, x, weight, mean, rstd, layernorm: bool, dx, sums
         compiled = _norm_bwd_slice_kernel[(partial_rows * slices,)](
             dy, x, w, mean, rstd, row_sums, dres, dx, partials[0], partials[n_sums - 1],
             M, N, dy.stride(0), x.stride(0), dres.stride(0), dx.stride(0),
-            layernorm, weight is not None, dresidual is not None, cfg.rows, cfg.slice, slices, triton.next_power_of_2(slices), cfg.row_sums,
-            min(cfg.chunk or cfg.slice, cfg.slice),
+            layernorm, weight is not None, dresidual is not None,
+            cfg.rows, cfg.slice, slices, triton.next_power_of_2(slices), cfg.row_sums, min(cfg.chunk or cfg.slice, cfg.slice),
             num_warps=cfg.warps,
         )  # fmt: skip
     else:
