@@ -7,8 +7,10 @@ IMPLEMENTATIONS = [
         entry="impls.triton.norm_kernels",
         description=(
             "Hand-written Triton: one-pass forward, persistent backward with per-program fp32 "
-            "dweight/dbias partials; configs pinned per GPU and N bucket"
+            "dweight/dbias partials; the fused residual add + RMSNorm is the same kernels behind "
+            "compile-time flags; fp32 or x-dtype weights; configs pinned per GPU and N bucket"
         ),
+        ops=("rmsnorm", "layernorm", "add_rmsnorm"),
         devices=("cpu", "cuda"),
         requires=(package("triton"),),
         interpreter="TRITON_INTERPRET",

@@ -1,4 +1,4 @@
-"""RMSNorm and LayerNorm, forward and backward, hand-written in Triton.
+"""RMSNorm, LayerNorm and the fused residual add + RMSNorm, forward and backward, in Triton.
 
 Per row of N elements, all arithmetic in fp32 (x, dy, w, b are upcast right after loading):
 
@@ -8,10 +8,29 @@ Per row of N elements, all arithmetic in fp32 (x, dy, w, b are upcast right afte
     backward    g = dy * w,  c1 = mean(g * xhat),  c2 = mean(g) (LayerNorm; 0 for RMSNorm)
                 dx = rstd * (g - xhat * c1 - c2)
                 dw = sum over rows of dy * xhat,   db = sum over rows of dy
+    add + RMSNorm   h = round_to_x_dtype(x + residual) (stored: residual_out), then RMSNorm of h;
+                    backward dh = RMSNorm's dx (with h for x) + dresidual_out, rounded once
 
 RMSNorm is LayerNorm without the centring, so every kernel takes ``LAYERNORM`` as a compile-time
-flag. Memory traffic is what matters: the forward reads x once and writes y; the backward reads x
-and dy once and writes dx, and its column reductions (dw, db) ride along in the same pass.
+flag; the fused add is RMSNorm's kernels with ``HAS_RESIDUAL`` (forward) and ``HAS_DRESIDUAL``
+(backward) on, on every path below. Memory traffic is what matters: the forward reads x once and
+writes y (fused: reads x and residual, writes y and residual_out); the backward reads x and dy once
+and writes dx (fused: reads dy, residual_out and dresidual_out, writes dh), and its column
+reductions (dw, db) ride along in the same pass.
+
+Why the fused sum is rounded before the statistics: the unfused model stores x + residual in x's
+dtype and normalises that; normalising the fp32 sum instead would give a y (and rstd) that differ
+from the unfused pair's, and a backward (which only sees residual_out) inconsistent with its
+forward. So h is rounded once, stored, and the statistics and y are computed from h as stored.
+
+Weights and biases come in x's dtype or in fp32 (mixed precision): each is loaded through its own
+pointer type and upcast, so an fp32 weight costs 4 bytes a column instead of 2 and nothing else;
+dw and db are reduced in fp32 whatever their dtype and rounded once to the weight's. Configs are
+chosen by x's dtype (the bytes of a row), not the weight's.
+
+A row whose sum of squares overflows fp32 (|x| from ~1e19 up) would get rstd = rsqrt(inf) = 0 and
+y = 0 (or the bias): finite and wrong. Its rstd is NaN instead, so y and dx are NaN there, as
+torch's LayerNorm gives (its rms_norm returns 0 there, which is not copied).
 
 How a row is walked (``Config``, chosen per GPU and N bucket in ``norm_configs``):
 
@@ -24,7 +43,8 @@ How a row is walked (``Config``, chosen per GPU and N bucket in ``norm_configs``
   eviction hints keep the rows between their two reads (pass 1 evict_last, pass 2 and y
   evict_first). With 132 SMs x one 512 KB row in flight at N = 262144 (more than the ~50 MB L2)
   they do not suffice: 61-68% of copy bandwidth there on an H200, about what reading x twice from
-  DRAM allows;
+  DRAM allows. The fused add writes h in pass 1 and pass 2 reads h back (one row from L2, not x
+  and residual), after a barrier that orders the other threads' writes of h before the reads;
 * backward, sliced, for rows too wide for registers: each program owns a column slice (``slice``)
   of a group of rows, so that its dw/db accumulators (slice-wide) stay in registers; the row
   reductions c1, c2 need the whole row, and come from a first kernel that sums each (row, slice)
@@ -41,7 +61,8 @@ with its dw/db partial row in global memory, read-added-written per row block: a
 ~1.9 times and 0.5 GB of partials written back for a 0.8 GB problem.
 
 Interpreter notes (CI runs these under TRITON_INTERPRET=1): no arithmetic on bf16 values (it is
-silently wrong there), no libdevice (``tl.rsqrt`` instead), no atomics.
+silently wrong there), no libdevice (``tl.rsqrt`` instead), no atomics; its fp32 -> bf16 conversion
+truncates, so residual_out is rounded by hand there (``_round_to``).
 """
 
 from __future__ import annotations
@@ -55,13 +76,64 @@ import triton.language as tl
 
 from .norm_configs import Config, bucket, candidates, choose, device_name, search, sm_count
 
+# Running under the CPU interpreter (its fp32 -> bf16 conversion truncates: see ``_round_to``).
+INTERPRETED = tl.constexpr(os.environ.get("TRITON_INTERPRET", "0") == "1")
+
 
 # ==================================================================================== forward
+@triton.jit
+def _rstd(var, eps):
+    """1 / sqrt(var + eps), and NaN where var overflowed fp32 (|x| ~ 1e19 and up: x^2 is inf):
+    rsqrt(inf) = 0 would make y = 0, or the bias, a finite wrong number. torch's LayerNorm gives
+    NaN there; its rms_norm gives 0, which we do not copy."""
+    return tl.where(var == float("inf"), float("nan"), tl.rsqrt(var + eps))
+
+
+@triton.jit
+def _round_to(v, DTYPE: tl.constexpr):
+    """fp32 -> DTYPE, rounded to nearest even. The GPU's conversion does this; the interpreter's
+    fp32 -> bf16 truncates, which would make residual_out differ from the unfused model's by an ulp
+    on the CPU, so there bf16 is rounded with integer arithmetic (NaN kept NaN)."""
+    if INTERPRETED and DTYPE == tl.bfloat16:
+        bits = v.to(tl.uint32, bitcast=True)
+        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
+        out = tl.where(v == v, bits, 0x7FC0).to(tl.uint16).to(tl.bfloat16, bitcast=True)
+    else:
+        out = v.to(DTYPE)
+    return out
+
+
+@triton.jit
+def _load_input(x_ptrs, r_ptrs, h_ptrs, mask, HAS_RESIDUAL: tl.constexpr, LAST_USE: tl.constexpr, KEEP: tl.constexpr):
+    """The forward's first read of a tile, in fp32: x, or for the fused add h = x + r, summed in
+    fp32, rounded once to x's dtype and stored (residual_out), and returned *as stored*, so that the
+    statistics and y are those of rmsnorm(residual_out). Eviction hints: KEEP for what is read again
+    (x, or h as written), LAST_USE for x and r when h replaces them."""
+    if HAS_RESIDUAL:
+        x = tl.load(x_ptrs, mask=mask, other=0.0, eviction_policy=LAST_USE).to(tl.float32)
+        r = tl.load(r_ptrs, mask=mask, other=0.0, eviction_policy=LAST_USE).to(tl.float32)
+        v = _round_to(x + r, h_ptrs.dtype.element_ty)
+        tl.store(h_ptrs, v, mask=mask, eviction_policy=KEEP)
+    else:
+        v = tl.load(x_ptrs, mask=mask, other=0.0, eviction_policy=KEEP)
+    return v.to(tl.float32)
+
+
+@triton.jit
+def _affine(y, W, B, cols, col_mask, HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr):
+    """y * w (+ b), with w and b loaded in their own dtype (x's or fp32) and upcast."""
+    if HAS_WEIGHT:
+        y = y * tl.load(W + cols, mask=col_mask, other=0.0).to(tl.float32)[None, :]
+    if HAS_BIAS:
+        y = y + tl.load(B + cols, mask=col_mask, other=0.0).to(tl.float32)[None, :]
+    return y
+
+
 @triton.jit(do_not_specialize=["M", "eps"])
 def _norm_fwd_row_kernel(
-    X, W, B, Y, MEAN, RSTD,
-    M, N, stride_x, stride_y, eps,
-    LAYERNORM: tl.constexpr, HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr,
+    X, R, W, B, Y, H, MEAN, RSTD,
+    M, N, stride_x, stride_r, stride_y, stride_h, eps,
+    LAYERNORM: tl.constexpr, HAS_RESIDUAL: tl.constexpr, HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr,
     ROWS: tl.constexpr, BLOCK_N: tl.constexpr, EXACT_N: tl.constexpr,
 ):  # fmt: skip
     if EXACT_N:  # Config.exact_n: N known at compile time, the masks of whole vectors fold away
@@ -72,28 +144,25 @@ def _norm_fwd_row_kernel(
     mask = row_mask[:, None] & (cols < N)[None, :]
     rows = rows.to(tl.int64)  # row * stride overflows int32 beyond 2^31 elements
 
-    x = tl.load(X + rows[:, None] * stride_x + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    x = _load_input(X + rows[:, None] * stride_x + cols[None, :], R + rows[:, None] * stride_r + cols[None, :],
+                    H + rows[:, None] * stride_h + cols[None, :], mask, HAS_RESIDUAL, "", "")  # fmt: skip
     if LAYERNORM:
         mean = tl.sum(x, axis=1) / N
         # centre in registers before squaring (two-pass variance): E[x^2] - E[x]^2 cancels badly
         x = tl.where(mask, x - mean[:, None], 0.0)
         tl.store(MEAN + rows, mean, mask=row_mask)
-    rstd = tl.rsqrt(tl.sum(x * x, axis=1) / N + eps)
+    rstd = _rstd(tl.sum(x * x, axis=1) / N, eps)
     tl.store(RSTD + rows, rstd, mask=row_mask)
 
-    y = x * rstd[:, None]
-    if HAS_WEIGHT:
-        y = y * tl.load(W + cols, mask=cols < N, other=0.0).to(tl.float32)[None, :]
-    if HAS_BIAS:
-        y = y + tl.load(B + cols, mask=cols < N, other=0.0).to(tl.float32)[None, :]
+    y = _affine(x * rstd[:, None], W, B, cols, cols < N, HAS_WEIGHT, HAS_BIAS)
     tl.store(Y + rows[:, None] * stride_y + cols[None, :], y.to(Y.dtype.element_ty), mask=mask)
 
 
 @triton.jit(do_not_specialize=["M", "eps"])
 def _norm_fwd_chunked_kernel(
-    X, W, B, Y, MEAN, RSTD,
-    M, N, stride_x, stride_y, eps,
-    LAYERNORM: tl.constexpr, HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr,
+    X, R, W, B, Y, H, MEAN, RSTD,
+    M, N, stride_x, stride_r, stride_y, stride_h, eps,
+    LAYERNORM: tl.constexpr, HAS_RESIDUAL: tl.constexpr, HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr,
     ROWS: tl.constexpr, CHUNK: tl.constexpr,
 ):  # fmt: skip
     n_chunks = tl.cdiv(N, CHUNK)
@@ -103,10 +172,13 @@ def _norm_fwd_chunked_kernel(
         row_mask = rows < M
         rows = rows.to(tl.int64)
         x_rows = X + rows[:, None] * stride_x
+        r_rows = R + rows[:, None] * stride_r
+        h_rows = H + rows[:, None] * stride_h
 
         # pass 1: the statistics. evict_last asks L2 to keep the row for pass 2, which reads it
         # evict_first (its last use) and writes y evict_first too, so that neither pushes out the
-        # rows still waiting for their second read (H200: 2-5% faster at N = 32768-262144).
+        # rows still waiting for their second read (H200: 2-5% faster at N = 32768-262144). With
+        # the fused add, the row kept is h as written (one row instead of x and r).
         if LAYERNORM:
             # Chan et al.'s merge of per-chunk (mean, sum of squared deviations): no E[x^2] - E[x]^2
             mean = tl.zeros([ROWS], dtype=tl.float32)
@@ -114,7 +186,8 @@ def _norm_fwd_chunked_kernel(
             for c in range(0, n_chunks):
                 cols = c * CHUNK + tl.arange(0, CHUNK)
                 mask = row_mask[:, None] & (cols < N)[None, :]
-                x = tl.load(x_rows + cols[None, :], mask=mask, other=0.0, eviction_policy="evict_last").to(tl.float32)
+                x = _load_input(x_rows + cols[None, :], r_rows + cols[None, :], h_rows + cols[None, :], mask,
+                                HAS_RESIDUAL, "evict_first", "evict_last")  # fmt: skip
                 seen = tl.cast(c * CHUNK, tl.float32)
                 count = tl.cast(tl.minimum(N - c * CHUNK, CHUNK), tl.float32)
                 chunk_mean = tl.sum(x, axis=1) / count
@@ -122,17 +195,23 @@ def _norm_fwd_chunked_kernel(
                 delta = chunk_mean - mean
                 mean = mean + delta * (count / (seen + count))
                 m2 = m2 + tl.sum(dev * dev, axis=1) + delta * delta * (seen * count / (seen + count))
-            rstd = tl.rsqrt(m2 / N + eps)
+            rstd = _rstd(m2 / N, eps)
             tl.store(MEAN + rows, mean, mask=row_mask)
         else:
             sum_sq = tl.zeros([ROWS, CHUNK], dtype=tl.float32)
             for c in range(0, n_chunks):
                 cols = c * CHUNK + tl.arange(0, CHUNK)
                 mask = row_mask[:, None] & (cols < N)[None, :]
-                x = tl.load(x_rows + cols[None, :], mask=mask, other=0.0, eviction_policy="evict_last").to(tl.float32)
+                x = _load_input(x_rows + cols[None, :], r_rows + cols[None, :], h_rows + cols[None, :], mask,
+                                HAS_RESIDUAL, "evict_first", "evict_last")  # fmt: skip
                 sum_sq += x * x
-            rstd = tl.rsqrt(tl.sum(sum_sq, axis=1) / N + eps)
+            rstd = _rstd(tl.sum(sum_sq, axis=1) / N, eps)
         tl.store(RSTD + rows, rstd, mask=row_mask)
+        if HAS_RESIDUAL:
+            # pass 2 reads h where other threads of this program may have written it: the barrier
+            # orders those global writes before the reads (CTA scope)
+            tl.debug_barrier()
+            x_rows = h_rows
 
         # pass 2, last chunk first (still in L2): y
         for i in range(0, n_chunks):
@@ -142,44 +221,50 @@ def _norm_fwd_chunked_kernel(
             x = tl.load(x_rows + cols[None, :], mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
             if LAYERNORM:
                 x = x - mean[:, None]
-            y = x * rstd[:, None]
-            if HAS_WEIGHT:
-                y = y * tl.load(W + cols, mask=col_mask, other=0.0).to(tl.float32)[None, :]
-            if HAS_BIAS:
-                y = y + tl.load(B + cols, mask=col_mask, other=0.0).to(tl.float32)[None, :]
+            y = _affine(x * rstd[:, None], W, B, cols, col_mask, HAS_WEIGHT, HAS_BIAS)
             tl.store(Y + rows[:, None] * stride_y + cols[None, :], y.to(Y.dtype.element_ty), mask=mask,
                      eviction_policy="evict_first")  # fmt: skip
 
 
-def launch_fwd(cfg: Config, x, weight, bias, eps, layernorm: bool, y, mean, rstd):
-    """Run the forward with ``cfg`` into y / mean / rstd; returns the compiled kernel (its
-    ``n_regs`` and ``n_spills`` are the compiler's report)."""
+def launch_fwd(cfg: Config, x, weight, bias, eps, layernorm: bool, y, mean, rstd, residual=None, residual_out=None):
+    """Run the forward with ``cfg`` into y / mean / rstd (and residual_out = x + residual when a
+    residual is given); returns the compiled kernel (its ``n_regs`` and ``n_spills`` are the
+    compiler's report)."""
     M, N = x.shape
     grid = triton.cdiv(M, cfg.rows)
     if cfg.chunk and cfg.persistent:
         grid = min(grid, cfg.programs_per_sm * sm_count(x.device))
     kernel, width = (_norm_fwd_chunked_kernel, cfg.chunk) if cfg.chunk else (_norm_fwd_row_kernel, bucket(N))
     exact = () if cfg.chunk else (N if cfg.exact_n else 0,)
-    return kernel[(grid,)](
-        x, x if weight is None else weight, x if bias is None else bias, y, mean, rstd,  # x: never read
-        M, N, x.stride(0), y.stride(0), eps,
-        layernorm, weight is not None, bias is not None,
+    fused = residual is not None
+    r, h = (residual, residual_out) if fused else (x, y)
+    return kernel[(grid,)](  # x, y in place of absent tensors: never touched
+        x, r, x if weight is None else weight, x if bias is None else bias, y, h, mean, rstd,
+        M, N, x.stride(0), r.stride(0), y.stride(0), h.stride(0), eps,
+        layernorm, fused, weight is not None, bias is not None,
         cfg.rows, width, *exact, num_warps=cfg.warps,
     )  # fmt: skip
 
 
-def norm_fwd(x, weight, bias, eps, layernorm: bool, config: Config | None = None):
-    """(y, mean or None, rstd); ``config`` overrides the pinned/heuristic choice."""
+def op_name(layernorm: bool, fused_add: bool) -> str:
+    """The op whose configs a launch uses (``norm_configs.choose``)."""
+    return "layernorm" if layernorm else "add_rmsnorm" if fused_add else "rmsnorm"
+
+
+def norm_fwd(x, weight, bias, eps, layernorm: bool, config: Config | None = None, residual=None):
+    """(y, mean or None, rstd, residual_out or None); with ``residual``, the norm of x + residual
+    (residual_out, as stored). ``config`` overrides the pinned/heuristic choice."""
     M, N = x.shape
     y = torch.empty((M, N), dtype=x.dtype, device=x.device)
+    h = torch.empty((M, N), dtype=x.dtype, device=x.device) if residual is not None else None
     rstd = torch.empty(M, dtype=torch.float32, device=x.device)
     mean = torch.empty(M, dtype=torch.float32, device=x.device) if layernorm else rstd  # unused for RMSNorm
 
     def launch(cfg: Config):
-        return launch_fwd(cfg, x, weight, bias, eps, layernorm, y, mean, rstd)
+        return launch_fwd(cfg, x, weight, bias, eps, layernorm, y, mean, rstd, residual, h)
 
-    launch(config or choose("layernorm" if layernorm else "rmsnorm", "fwd", N, x.device, launch, x.dtype))
-    return y, (mean if layernorm else None), rstd
+    launch(config or choose(op_name(layernorm, h is not None), "fwd", N, x.device, launch, x.dtype))
+    return y, (mean if layernorm else None), rstd, h
 
 
 # =================================================================================== backward
@@ -196,9 +281,9 @@ def _row_block_range(M, ROWS: tl.constexpr, worker, workers):
 
 @triton.jit(do_not_specialize=["M"])
 def _norm_bwd_row_kernel(
-    DY, X, W, MEAN, RSTD, DX, DW_PARTIAL, DB_PARTIAL,
-    M, N, stride_dy, stride_x, stride_dx,
-    LAYERNORM: tl.constexpr, HAS_WEIGHT: tl.constexpr,
+    DY, X, W, MEAN, RSTD, DRES, DX, DW_PARTIAL, DB_PARTIAL,
+    M, N, stride_dy, stride_x, stride_dres, stride_dx,
+    LAYERNORM: tl.constexpr, HAS_WEIGHT: tl.constexpr, HAS_DRESIDUAL: tl.constexpr,
     ROWS: tl.constexpr, BLOCK_N: tl.constexpr, REREAD: tl.constexpr, EXACT_N: tl.constexpr,
 ):  # fmt: skip
     if EXACT_N:  # Config.exact_n (see the forward)
@@ -229,6 +314,7 @@ def _norm_bwd_row_kernel(
         mask = (rows < end)[:, None] & col_mask[None, :]
         x_ptrs = X + rows.to(tl.int64)[:, None] * stride_x + cols[None, :]
         dy_ptrs = DY + rows.to(tl.int64)[:, None] * stride_dy + cols[None, :]
+        dres_ptrs = DRES + rows.to(tl.int64)[:, None] * stride_dres + cols[None, :]
         dx_ptrs = DX + rows.to(tl.int64)[:, None] * stride_dx + cols[None, :]
 
         rows += ROWS
@@ -266,6 +352,12 @@ def _norm_bwd_row_kernel(
             db += tl.sum(dy, axis=0)
         else:
             dx = (g - xhat * c1[:, None]) * rstd[:, None]
+        if HAS_DRESIDUAL:
+            # the fused add's dresidual_out, added before dx's single rounding. Loaded here, not
+            # prefetched with x and dy: built for sm_90a (``sm90a_build``), a variant prefetching
+            # it took N = 4096 (8 warps) from 99 to 150 registers, one program per SM where the
+            # config launches two.
+            dx += tl.load(dres_ptrs, mask=mask, other=0.0).to(tl.float32)
         if HAS_WEIGHT:
             dw += tl.sum(dy * xhat, axis=0)
         tl.store(dx_ptrs, dx.to(DX.dtype.element_ty), mask=mask)
@@ -315,9 +407,9 @@ def _norm_bwd_row_sums_kernel(
 
 @triton.jit(do_not_specialize=["M"])
 def _norm_bwd_slice_kernel(
-    DY, X, W, MEAN, RSTD, ROW_SUMS, DX, DW_PARTIAL, DB_PARTIAL,
-    M, N, stride_dy, stride_x, stride_dx,
-    LAYERNORM: tl.constexpr, HAS_WEIGHT: tl.constexpr,
+    DY, X, W, MEAN, RSTD, ROW_SUMS, DRES, DX, DW_PARTIAL, DB_PARTIAL,
+    M, N, stride_dy, stride_x, stride_dres, stride_dx,
+    LAYERNORM: tl.constexpr, HAS_WEIGHT: tl.constexpr, HAS_DRESIDUAL: tl.constexpr,
     ROWS: tl.constexpr, SLICE: tl.constexpr, SLICES: tl.constexpr, SLICES_P2: tl.constexpr,
     SUMS_GIVEN: tl.constexpr, STREAM: tl.constexpr,
 ):  # fmt: skip
@@ -393,6 +485,8 @@ def _norm_bwd_slice_kernel(
             db += tl.sum(dy, axis=0)
         else:
             dx = (g - xhat * c1[:, None]) * rstd[:, None]
+        if HAS_DRESIDUAL:  # (not prefetched: see the row kernel)
+            dx += tl.load(DRES + rows64[:, None] * stride_dres + cols[None, :], mask=mask, other=0.0).to(tl.float32)
         if HAS_WEIGHT:
             dw += tl.sum(dy * xhat, axis=0)
         tl.store(DX + rows64[:, None] * stride_dx + cols[None, :], dx.to(DX.dtype.element_ty), mask=mask)
@@ -418,10 +512,11 @@ def _sum_partials_kernel(PARTIALS, OUT, P, N, BLOCK_P: tl.constexpr, BLOCK_N: tl
     tl.store(OUT + k * N + cols, tl.sum(acc, axis=0).to(OUT.dtype.element_ty), mask=cols < N)
 
 
-def launch_bwd(cfg: Config, dy, x, weight, mean, rstd, layernorm: bool, dx, sums):
-    """Run the backward with ``cfg`` into dx and ``sums`` (rows: dw if weight, then db if
-    layernorm); returns the compiled main kernel (see ``launch_fwd``)."""
+def launch_bwd(cfg: Config, dy, x, weight, mean, rstd, layernorm: bool, dx, sums, dresidual=None):
+    """Run the backward with ``cfg`` into dx (plus ``dresidual`` when given) and ``sums`` (rows: dw
+    if weight, then db if layernorm); returns the compiled main kernel (see ``launch_fwd``)."""
     M, N = x.shape
+    dres = x if dresidual is None else dresidual  # x: a placeholder, never read
     n_sums = sums.shape[0]
     w = x if weight is None else weight  # x, rstd: placeholders, never read
     mean = rstd if mean is None else mean
@@ -439,17 +534,17 @@ def launch_bwd(cfg: Config, dy, x, weight, mean, rstd, layernorm: bool, dx, sums
                 layernorm, weight is not None, cfg.rows, cfg.slice, slices, num_warps=cfg.warps,
             )  # fmt: skip
         compiled = _norm_bwd_slice_kernel[(partial_rows * slices,)](
-            dy, x, w, mean, rstd, row_sums, dx, partials[0], partials[n_sums - 1],
-            M, N, dy.stride(0), x.stride(0), dx.stride(0),
-            layernorm, weight is not None, cfg.rows, cfg.slice, slices, triton.next_power_of_2(slices), cfg.row_sums,
-            min(cfg.chunk or cfg.slice, cfg.slice),
+            dy, x, w, mean, rstd, row_sums, dres, dx, partials[0], partials[n_sums - 1],
+            M, N, dy.stride(0), x.stride(0), dres.stride(0), dx.stride(0),
+            layernorm, weight is not None, dresidual is not None,
+            cfg.rows, cfg.slice, slices, triton.next_power_of_2(slices), cfg.row_sums, min(cfg.chunk or cfg.slice, cfg.slice),
             num_warps=cfg.warps,
         )  # fmt: skip
     else:
         args = (
-            dy, x, w, mean, rstd, dx, partials[0], partials[n_sums - 1],
-            M, N, dy.stride(0), x.stride(0), dx.stride(0),
-            layernorm, weight is not None, cfg.rows,
+            dy, x, w, mean, rstd, dres, dx, partials[0], partials[n_sums - 1],
+            M, N, dy.stride(0), x.stride(0), dres.stride(0), dx.stride(0),
+            layernorm, weight is not None, dresidual is not None, cfg.rows,
         )  # fmt: skip
         compiled = _norm_bwd_row_kernel[(partial_rows,)](*args, bucket(N), cfg.reread, N if cfg.exact_n else 0, num_warps=cfg.warps)
     if n_sums:
@@ -465,18 +560,20 @@ def launch_bwd(cfg: Config, dy, x, weight, mean, rstd, layernorm: bool, dx, sums
     return compiled
 
 
-def norm_bwd(dy, x, weight, mean, rstd, layernorm: bool, config: Config | None = None):
-    """(dx, dw or None, db or None); ``config`` overrides the pinned/heuristic choice."""
+def norm_bwd(dy, x, weight, mean, rstd, layernorm: bool, config: Config | None = None, dresidual=None):
+    """(dx, dw or None, db or None); dx + ``dresidual`` when given (the fused add's dh). dw and db
+    come back in the weight's dtype (x's without a weight). ``config`` overrides the
+    pinned/heuristic choice."""
     M, N = x.shape
     has_weight = weight is not None
     dx = torch.empty((M, N), dtype=x.dtype, device=x.device)
     n_sums = int(has_weight) + int(layernorm)
-    sums = torch.empty((n_sums, N), dtype=x.dtype, device=x.device)
+    sums = torch.empty((n_sums, N), dtype=weight.dtype if has_weight else x.dtype, device=x.device)
 
     def launch(cfg: Config):
-        return launch_bwd(cfg, dy, x, weight, mean, rstd, layernorm, dx, sums)
+        return launch_bwd(cfg, dy, x, weight, mean, rstd, layernorm, dx, sums, dresidual)
 
-    launch(config or choose("layernorm" if layernorm else "rmsnorm", "bwd", N, x.device, launch, x.dtype))
+    launch(config or choose(op_name(layernorm, dresidual is not None), "bwd", N, x.device, launch, x.dtype))
     dw = sums[0] if has_weight else None
     db = sums[n_sums - 1] if layernorm else None
     return dx, dw, db
@@ -484,7 +581,7 @@ def norm_bwd(dy, x, weight, mean, rstd, layernorm: bool, config: Config | None =
 
 # ============================================================================ the contract
 def rmsnorm_fwd(x, weight, eps):
-    y, _, rstd = norm_fwd(x, weight, None, eps, layernorm=False)
+    y, _, rstd, _ = norm_fwd(x, weight, None, eps, layernorm=False)
     return y, rstd
 
 
@@ -494,11 +591,21 @@ def rmsnorm_bwd(dy, x, weight, rstd):
 
 
 def layernorm_fwd(x, weight, bias, eps):
-    return norm_fwd(x, weight, bias, eps, layernorm=True)
+    return norm_fwd(x, weight, bias, eps, layernorm=True)[:3]
 
 
 def layernorm_bwd(dy, x, weight, mean, rstd):
     return norm_bwd(dy, x, weight, mean, rstd, layernorm=True)
+
+
+def add_rmsnorm_fwd(x, residual, weight, eps):
+    y, _, rstd, residual_out = norm_fwd(x, weight, None, eps, layernorm=False, residual=residual)
+    return y, residual_out, rstd
+
+
+def add_rmsnorm_bwd(dy, dresidual_out, residual_out, weight, rstd):
+    dh, dw, _ = norm_bwd(dy, residual_out, weight, None, rstd, layernorm=False, dresidual=dresidual_out)
+    return dh, dw
 
 
 # ============================================================================ `normbench tune`
@@ -515,10 +622,15 @@ def tune(op, shapes, dtype, log_dir=None) -> dict:
         case = make_case(op, shape, DTYPES[dtype] if isinstance(dtype, str) else dtype, "cuda")
         x, w, b, eps = case["x"].reshape(-1, shape.n), case["weight"], case["bias"], case["eps"]
         dy = case["dy"].reshape(-1, shape.n)
-        y, mean, rstd = norm_fwd(x, w, b, eps, layernorm)
+        residual = dres = None
+        if op == "add_rmsnorm":  # (dy stands in where the drawn inputs lack these: only time matters)
+            residual = case.get("residual", case["dy"]).reshape(-1, shape.n)
+            dres = case.get("dresidual_out", case["dy"]).reshape(-1, shape.n)
+        y, mean, rstd, h = norm_fwd(x, w, b, eps, layernorm, residual=residual)
+        saved = x if h is None else h  # what the backward reads: x, or residual_out
         runs = {
-            "fwd": lambda cfg: norm_fwd(x, w, b, eps, layernorm, config=cfg),
-            "bwd": lambda cfg: norm_bwd(dy, x, w, mean, rstd, layernorm, config=cfg),
+            "fwd": lambda cfg: norm_fwd(x, w, b, eps, layernorm, config=cfg, residual=residual),
+            "bwd": lambda cfg: norm_bwd(dy, saved, w, mean, rstd, layernorm, config=cfg, dresidual=dres),
         }
         for direction, run in runs.items():
             best, times = search(run, candidates(direction, shape.n))

@@ -1,0 +1,113 @@
+"""Build the pinned configs' kernels for sm_90a without a GPU, and report their resources.
+
+    python -m impls.triton.sm90a_build [--gpu "NVIDIA H200"] [--ops rmsnorm,add_rmsnorm] [N ...]
+    python -m impls.triton.sm90a_build --ops add_rmsnorm --direction fwd --config '{"warps": 32, "chunk": 32768}' 65536
+
+Triton compiles through ptxas (shipped with it) with no driver, so registers, stack (spills) and
+how many programs of a config fit on an SM can be read on any machine: one line per op, direction
+and N (default: the sweep's), with the config ``norm_configs.lookup`` gives that GPU. The kernels
+are specialised as a launch on the sweep shapes would be (pointers, N and row strides divisible
+by 16, bf16 rows); wanted = the programs per SM a persistent grid launches. A guide for choosing
+configs, not a measurement: time them on the GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import tempfile
+
+os.environ.pop("TRITON_INTERPRET", None)  # compiled kernels, not the interpreter's
+
+import triton  # noqa: E402
+from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.compiler import ASTSource  # noqa: E402
+
+from . import norm_configs as C  # noqa: E402
+from . import norm_kernels as K  # noqa: E402
+
+TARGET = GPUTarget("cuda", 90, 32)
+REGISTERS_PER_SM = 65536
+CUOBJDUMP = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+FLAGS = {"rmsnorm": (False, False), "layernorm": (True, False), "add_rmsnorm": (False, True)}  # LAYERNORM, fused
+
+
+def build(kernel, pointers: dict, constexprs: dict, warps: int):
+    """Compile ``kernel`` with these pointer dtypes and compile-time values; other arguments are
+    i32 (fp32 for eps)."""
+    sig = {}
+    for name in kernel.arg_names:
+        if name in constexprs:
+            sig[name] = "constexpr"
+        elif name in pointers:
+            sig[name] = "*" + pointers[name]
+        else:
+            sig[name] = "fp32" if name == "eps" else "i32"
+    aligned = [(i,) for i, a in enumerate(kernel.arg_names) if sig[a][0] == "*" or a == "N" or a.startswith("stride")]
+    src = ASTSource(
+        fn=kernel, signature=sig, constexprs={(kernel.arg_names.index(k),): v for k, v in constexprs.items()},
+        attrs={i: [["tt.divisibility", 16]] for i in aligned},
+    )  # fmt: skip
+    return triton.compile(src, target=TARGET, options={"num_warps": warps})
+
+
+def resources(compiled) -> tuple[int, int]:
+    """(registers per thread, stack bytes per thread) from the cubin."""
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(compiled.asm["cubin"])
+        f.flush()
+        out = subprocess.run([CUOBJDUMP, "--dump-resource-usage", f.name], capture_output=True, text=True, check=True).stdout
+    return int(re.search(r"REG:(\d+)", out).group(1)), int(re.search(r"STACK:(\d+)", out).group(1))
+
+
+def build_config(op: str, direction: str, n: int, cfg: C.Config, x_dtype="bf16", w_dtype="bf16"):
+    layernorm, fused = FLAGS[op]
+    rows = dict.fromkeys(("X", "R", "Y", "H", "DY", "DRES", "DX"), x_dtype)
+    fp32 = dict.fromkeys(("MEAN", "RSTD", "ROW_SUMS", "DW_PARTIAL", "DB_PARTIAL"), "fp32")
+    pointers = {**rows, **fp32, "W": w_dtype, "B": w_dtype}
+    whole_row = {"BLOCK_N": C.bucket(n), "EXACT_N": n if cfg.exact_n else 0}
+    if direction == "fwd":
+        flags = {"LAYERNORM": layernorm, "HAS_RESIDUAL": fused, "HAS_WEIGHT": True, "HAS_BIAS": layernorm, "ROWS": cfg.rows}
+        if cfg.chunk:
+            return build(K._norm_fwd_chunked_kernel, pointers, {**flags, "CHUNK": cfg.chunk}, cfg.warps)
+        return build(K._norm_fwd_row_kernel, pointers, {**flags, **whole_row}, cfg.warps)
+    flags = {"LAYERNORM": layernorm, "HAS_WEIGHT": True, "HAS_DRESIDUAL": fused, "ROWS": cfg.rows}
+    if cfg.slice:
+        slices = triton.cdiv(n, cfg.slice)
+        sliced = {"SLICE": cfg.slice, "SLICES": slices, "SLICES_P2": triton.next_power_of_2(slices),
+                  "SUMS_GIVEN": cfg.row_sums, "STREAM": min(cfg.chunk or cfg.slice, cfg.slice)}  # fmt: skip
+        return build(K._norm_bwd_slice_kernel, pointers, {**flags, **sliced}, cfg.warps)
+    return build(K._norm_bwd_row_kernel, pointers, {**flags, **whole_row, "REREAD": cfg.reread}, cfg.warps)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--gpu", default="NVIDIA H200", help="whose pinned configs (norm_configs.json) to build")
+    p.add_argument("--ops", default=",".join(FLAGS))
+    p.add_argument("--direction", default="fwd,bwd")
+    p.add_argument("--config", help="a Config as JSON, instead of the GPU's")
+    p.add_argument("--weight-dtype", default="bf16", choices=("bf16", "fp32"))
+    p.add_argument("n", nargs="*", type=int, help="row lengths (default: the sweep's)")
+    a = p.parse_args(argv)
+    from harness.shapes import SWEEP_N
+
+    for n in a.n or SWEEP_N:
+        for direction in a.direction.split(","):
+            for op in a.ops.split(","):
+                if op not in FLAGS:
+                    raise SystemExit(f"unknown op {op!r}; known: {', '.join(FLAGS)}")
+                cfg = C.Config(**json.loads(a.config)) if a.config else C.lookup(a.gpu, op, direction, n)
+                regs, stack = resources(build_config(op, direction, n, cfg, w_dtype=a.weight_dtype))
+                fit = REGISTERS_PER_SM // (-(-regs // 8) * 8 * 32 * cfg.warps)
+                wanted = cfg.programs_per_sm if direction == "bwd" or cfg.persistent else 1
+                short = {k: v for k, v in cfg.to_json().items() if v}
+                print(f"{op:11s} {direction} N={n:6d} regs {regs:3d} stack {stack:3d} B  programs/SM: {fit} fit, "
+                      f"{wanted} wanted{'  (not all resident)' if fit < wanted else ''}  {short}", flush=True)  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
