@@ -7,8 +7,11 @@ IMPLEMENTATIONS = [
         entry="impls.helion.kernels",
         description=(
             "Helion tile-first kernels (hl.tile over rows, fp32 row reductions; backward with fp32 "
-            "dweight/dbias partials per row block), one helion.Config pinned per GPU and N bucket"
+            "dweight/dbias partials per row block), one helion.Config pinned per GPU and N bucket; "
+            "add_rmsnorm is the RMSNorm kernels specialized for the residual tensors (the sum rounded "
+            "to x's dtype before the statistics), on RMSNorm's configs; fp32 weights loaded as such"
         ),
+        ops=("rmsnorm", "layernorm", "add_rmsnorm"),
         devices=("cpu", "cuda"),
         requires=(package("helion"),),
         # The kernels pick Helion's eager reference mode for CPU tensors themselves; the harness
