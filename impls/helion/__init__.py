@@ -17,7 +17,7 @@ IMPLEMENTATIONS = [
         # The kernels pick Helion's eager reference mode for CPU tensors themselves; the harness
         # setting HELION_INTERPRET=1 before the import is harmless.
         interpreter="HELION_INTERPRET",
-        sources=("impls/helion/rmsnorm.py", "impls/helion/layernorm.py", "impls/helion/configs.py"),
+        sources=("impls/helion/rmsnorm.py", "impls/helion/layernorm.py", "impls/helion/configs.py", "impls/helion/imports.py"),
         hooks={"tune": "impls.helion.tune:tune", "codegen": "impls.helion.codegen:codegen"},
     )
 ]

@@ -45,8 +45,10 @@ import warnings
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-import helion
 import torch
+
+from .imports import Config, Kernel, RefMode
+from .imports import kernel as helion_kernel
 
 CONFIG_FILE = Path(__file__).with_name("configs.json")
 DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
@@ -62,8 +64,8 @@ class Pinned:
     # the split backward's first kernel (the per-row sums) has a config of its own
     first_pass: dict | None = field(default=None, hash=False)
 
-    def helion_config(self) -> helion.Config:
-        return helion.Config(**self.config)
+    def helion_config(self) -> Config:
+        return Config(**self.config)
 
     def entry(self) -> dict:
         """The configs.json form."""
@@ -181,7 +183,7 @@ FEW_ROWS_RULE = True
 _FEW_ROWS: dict[tuple, Pinned] = {}
 _SMS: dict[torch.device, int] = {}
 _COMPILED: dict[tuple, object] = {}
-_EAGER: dict[str, helion.Kernel] = {}
+_EAGER: dict[str, Kernel] = {}
 
 
 def choose(entry: str, x: torch.Tensor) -> Pinned:
@@ -212,14 +214,14 @@ def _arg_key(a):
     return a if a is None else type(a)
 
 
-def launch(kernel: helion.Kernel, config: dict, *args):
+def launch(kernel: Kernel, config: dict, *args):
     """Run ``kernel`` on ``args`` with ``config`` pinned (compiled on first use, never tuned)."""
     key = (kernel.name, json.dumps(config, sort_keys=True), *map(_arg_key, args))
     run = _COMPILED.get(key)
     if run is None:
         if args[0].device.type != "cuda":
             if kernel.name not in _EAGER:
-                _EAGER[kernel.name] = helion.kernel(kernel.fn, static_shapes=False, ref_mode=helion.RefMode.EAGER)
+                _EAGER[kernel.name] = helion_kernel(kernel.fn, static_shapes=False, ref_mode=RefMode.EAGER)
             run = _EAGER[kernel.name]
         else:
             # The compiled function for exactly this config: a BoundKernel is shared by every
@@ -230,7 +232,7 @@ def launch(kernel: helion.Kernel, config: dict, *args):
     return run(*args)
 
 
-def fit(config: dict, bound) -> helion.Config:
+def fit(config: dict, bound) -> Config:
     """``config`` (tuned for an N bucket) fitted to the bound kernel's own N: a row short enough to
     need no reduction loop (N = 1) has no ``reduction_loops`` entry to set, for instance."""
     spec = dict(bound.config_spec.default_config())
@@ -241,7 +243,7 @@ def fit(config: dict, bound) -> helion.Config:
                 continue
             value = value[: len(spec[key])]
         fitted[key] = value
-    return helion.Config(**fitted)
+    return Config(**fitted)
 
 
 def use(entry: str, n: int, dtype: str, gpu: str, choice: Pinned) -> None:

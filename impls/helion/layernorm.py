@@ -29,17 +29,17 @@ NaN rstd and returns NaN in dx.
 
 from __future__ import annotations
 
-import helion
 import helion.language as hl
 import torch
 
 from .configs import choose, launch
+from .imports import RefMode, kernel
 
 # See rmsnorm.py: always compiled, dynamic M, N specialized in the kernel.
-COMPILED = {"static_shapes": False, "ref_mode": helion.RefMode.OFF}
+COMPILED = {"static_shapes": False, "ref_mode": RefMode.OFF}
 
 
-@helion.kernel(**COMPILED)
+@kernel(**COMPILED)
 def layernorm_fwd_kernel(
     x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None, eps: float
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -65,7 +65,7 @@ def layernorm_fwd_kernel(
     return y, mean, rstd
 
 
-@helion.kernel(**COMPILED)
+@kernel(**COMPILED)
 def layernorm_bwd_resident(
     dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None, mean: torch.Tensor, rstd: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -96,7 +96,7 @@ def layernorm_bwd_resident(
     return dx, dw_partial, db_partial
 
 
-@helion.kernel(**COMPILED)
+@kernel(**COMPILED)
 def layernorm_bwd_row_sums(
     dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None, mean: torch.Tensor, rstd: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -114,7 +114,7 @@ def layernorm_bwd_row_sums(
     return c_xhat, c_mean
 
 
-@helion.kernel(**COMPILED)
+@kernel(**COMPILED)
 def layernorm_bwd_split(
     dy: torch.Tensor,
     x: torch.Tensor,

@@ -65,19 +65,19 @@ power of two (1024 for N = 1000).
 
 from __future__ import annotations
 
-import helion
 import helion.language as hl
 import torch
 
 from .configs import choose, launch
+from .imports import RefMode, kernel
 
 # Every kernel is compiled (never Helion's eager reference mode, whatever HELION_INTERPRET says at
 # import time); ``launch`` runs CPU tensors through an eager twin instead. Shapes stay dynamic so a
 # new M does not recompile; N is specialized inside each kernel because it sizes the tiles.
-COMPILED = {"static_shapes": False, "ref_mode": helion.RefMode.OFF}
+COMPILED = {"static_shapes": False, "ref_mode": RefMode.OFF}
 
 
-@helion.kernel(**COMPILED)
+@kernel(**COMPILED)
 def rmsnorm_fwd_kernel(
     x: torch.Tensor,
     residual: torch.Tensor | None,
@@ -106,7 +106,7 @@ def rmsnorm_fwd_kernel(
     return y, rstd
 
 
-@helion.kernel(**COMPILED)
+@kernel(**COMPILED)
 def rmsnorm_bwd_resident(
     dy: torch.Tensor, dresidual: torch.Tensor | None, x: torch.Tensor, weight: torch.Tensor | None, rstd: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -136,7 +136,7 @@ def rmsnorm_bwd_resident(
     return dx, dw_partial
 
 
-@helion.kernel(**COMPILED)
+@kernel(**COMPILED)
 def rmsnorm_bwd_row_sums(
     dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None, rstd: torch.Tensor
 ) -> torch.Tensor:
@@ -152,7 +152,7 @@ def rmsnorm_bwd_row_sums(
     return c
 
 
-@helion.kernel(**COMPILED)
+@kernel(**COMPILED)
 def rmsnorm_bwd_split(
     dy: torch.Tensor,
     dresidual: torch.Tensor | None,
