@@ -197,6 +197,21 @@ def test_one_binary_for_every_m():
     assert k.bind((torch.zeros(3, 520, dtype=torch.bfloat16), None, None, torch.ones(520, dtype=torch.bfloat16), 1e-5)) is not a
 
 
+TRITON_INTERPRETER = pytest.mark.skipif(
+    torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") != "1",
+    reason="runs Helion's generated Triton in Triton's CPU interpreter (CI without a GPU)",
+)
+
+
+@pytest.fixture
+def no_libdevice(monkeypatch):
+    """The generated Triton's rsqrt through tl.math: the interpreter has no libdevice."""
+    import triton.language as tl
+    from torch._inductor.runtime.triton_compat import libdevice
+
+    monkeypatch.setattr(libdevice, "rsqrt", lambda v: tl.math.rsqrt(v))
+
+
 def _variant(op: str, direction: str, wide: bool) -> configs.Pinned:
     """Small-block configs for a row of about 1000: whole rows (forward) or the resident backward,
     else the forward looped over column chunks and the split backward, so that every kernel runs
@@ -234,13 +249,10 @@ def test_split_backward_in_eager_mode(op, monkeypatch):
     assert_passed(reports(k, op, "bwd", drawn(op, Shape((6, 1003)), torch.bfloat16, torch.float32)), f"{op} fp32 weights")
 
 
-@pytest.mark.skipif(
-    torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") != "1",
-    reason="runs Helion's generated Triton in Triton's CPU interpreter (CI without a GPU)",
-)
+@TRITON_INTERPRETER
 @pytest.mark.parametrize("op", list(OPS))
 @pytest.mark.parametrize("direction", ["fwd", "bwd"])
-def test_generated_triton_under_the_interpreter(op, direction, monkeypatch):
+def test_generated_triton_under_the_interpreter(op, direction, monkeypatch, no_libdevice):
     """Eager mode runs kernel bodies as PyTorch ops; this runs the Triton that Helion generates (the
     masks, the padded row length: where Helion's own bugs show), with small blocks so that a row of
     1003 is padded, looped over and split, through the contract functions and the checker's
@@ -248,10 +260,6 @@ def test_generated_triton_under_the_interpreter(op, direction, monkeypatch):
     the others. add_rmsnorm runs in fp16: the interpreter rounds fp32 to bf16 toward zero (a GPU
     rounds to nearest even), so its bf16 residual_out is not the reference's rounded sum, and the
     statistics of it drift by far more than a rounding."""
-    import triton.language as tl
-    from torch._inductor.runtime.triton_compat import libdevice
-
-    monkeypatch.setattr(libdevice, "rsqrt", lambda v: tl.math.rsqrt(v))  # no libdevice in the interpreter
     for wide in (False, True):
         k = _pin(monkeypatch, op, wide, compiled=True)
         dtype = torch.float16 if op == "add_rmsnorm" else torch.bfloat16
@@ -259,32 +267,38 @@ def test_generated_triton_under_the_interpreter(op, direction, monkeypatch):
         assert_passed(reports(k, op, direction, case), "split/looped, fp32 weights" if wide else "resident")
 
 
-CPU_SHAPES = {
-    "bf16": tuple(s for s in SHAPE_SETS["smoke"] if s.m == 3) + SHAPE_SETS["edge"],
-    "fp16": (SHAPE_SETS["edge"][0], SHAPE_SETS["edge"][2], SHAPE_SETS["edge"][3], SHAPE_SETS["edge"][7]),
-    "fp32": (SHAPE_SETS["edge"][0], SHAPE_SETS["edge"][2], SHAPE_SETS["edge"][3], SHAPE_SETS["edge"][7]),
-}
+EDGE = SHAPE_SETS["edge"]
+# (x's dtype, parameters' dtype (None: x's), with weight and dresidual_out, shapes)
+ADD_RMSNORM_POINTS = (
+    ("bf16", None, True, tuple(s for s in SHAPE_SETS["smoke"] if s.m == 3) + EDGE),
+    ("bf16", torch.float32, True, (EDGE[0], EDGE[2], EDGE[5], EDGE[7])),
+    ("bf16", None, False, (EDGE[2], EDGE[5])),
+    ("fp16", None, True, (EDGE[0], EDGE[2], EDGE[3], EDGE[7])),
+    ("fp16", torch.float32, True, (EDGE[5],)),
+    ("fp32", None, True, (EDGE[0], EDGE[2], EDGE[3], EDGE[7])),
+)
 
 
 @pytest.mark.parametrize("direction", ["fwd", "bwd"])
-@pytest.mark.parametrize("dtype", list(CPU_SHAPES))
-def test_add_rmsnorm_matches_reference(dtype, direction):
+@pytest.mark.parametrize(
+    "dtype,param_dtype,full,shapes",
+    ADD_RMSNORM_POINTS,
+    ids=[f"{p[0]}-{'fp32 params' if p[1] else 'same dtype'}-{'weight' if p[2] else 'no weight'}" for p in ADD_RMSNORM_POINTS],
+)
+def test_add_rmsnorm_matches_reference(dtype, param_dtype, full, shapes, direction):
     """add_rmsnorm through the registry's validated contract functions (Helion's eager mode on the
     CPU) on smoke and edge shapes: residual_out exactly the rounded sum, y and rstd of it as stored,
-    dh with and without dresidual_out, with parameters of x's dtype and fp32, and without weight."""
+    dh with dresidual_out (``full``) and without, with a weight of x's dtype or fp32, or none."""
     k = get("helion").kernels("cpu")
     dt = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[dtype]
     failures = []
-    for shape in CPU_SHAPES[dtype]:
-        for variant, param_dtype, affine_dres in (("x's dtype", None, True), ("fp32 weight", torch.float32, True), ("no weight, no dresidual", None, False)):
-            if dtype == "fp32" and param_dtype is not None:
-                continue
-            case = drawn("add_rmsnorm", shape, dt, param_dtype)
-            if not affine_dres:
-                case = {**case, "weight": None, "dresidual_out": None}
-            bad = [f"{r.name}: {r.reason}" for r in reports(k, "add_rmsnorm", direction, case) if not r.passed]
-            if bad:
-                failures.append(f"{shape.label} ({variant}): {'; '.join(bad)}")
+    for shape in shapes:
+        case = drawn("add_rmsnorm", shape, dt, param_dtype)
+        if not full:
+            case = {**case, "weight": None, "dresidual_out": None}
+        bad = [f"{r.name}: {r.reason}" for r in reports(k, "add_rmsnorm", direction, case) if not r.passed]
+        if bad:
+            failures.append(f"{shape.label}: {'; '.join(bad)}")
     assert not failures, "\n".join(failures)
 
 
@@ -333,17 +347,10 @@ def test_overflowing_statistics_give_nan_not_a_finite_wrong_number(op, dtype):
     assert_passed(reports(k, op, "fwd", rows), f"{op}: finite rows")
 
 
-@pytest.mark.skipif(
-    torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") != "1",
-    reason="runs Helion's generated Triton in Triton's CPU interpreter (CI without a GPU)",
-)
+@TRITON_INTERPRETER
 @pytest.mark.parametrize("op", ["rmsnorm", "layernorm"])
-def test_overflowing_statistics_give_nan_in_generated_triton(op, monkeypatch):
+def test_overflowing_statistics_give_nan_in_generated_triton(op, monkeypatch, no_libdevice):
     """The same NaN from the Triton Helion generates (rsqrt of inf is 0 there too)."""
-    import triton.language as tl
-    from torch._inductor.runtime.triton_compat import libdevice
-
-    monkeypatch.setattr(libdevice, "rsqrt", lambda v: tl.math.rsqrt(v))
     case, big = overflowing(op, torch.bfloat16)
     y, *stats = _pin(monkeypatch, op, wide=False, compiled=True).__dict__[f"{op}_fwd"](*[case[a.name] for a in OPS[op].fwd_args])
     assert y[big].isnan().all() and y[~big].isfinite().all() and stats[-1][big].isnan().all()
