@@ -28,12 +28,12 @@ from impls.helion import codegen, configs, layernorm, rmsnorm  # noqa: E402
 ENTRIES = ("rmsnorm_fwd", "rmsnorm_bwd", "layernorm_fwd", "layernorm_bwd")
 
 
-def drawn(op: str, shape: Shape, dtype: torch.dtype, param_dtype: torch.dtype | None = None, seed: int = 0) -> dict:
+def drawn(op: str, shape: Shape, dtype: torch.dtype, param_dtype: torch.dtype | None = None, seed: int = 0, device: str = "cpu") -> dict:
     """make_case's inputs for ``op``, parameters converted to ``param_dtype`` (fp32 beside 16-bit x).
     The residual tensors, where make_case does not draw them (yet), are a second draw's x and dy."""
-    case = make_case(op, shape, dtype, "cpu", seed)
+    case = make_case(op, shape, dtype, device, seed)
     if "residual" in OPS[op].inputs and "residual" not in case:
-        other = make_case(op, shape, dtype, "cpu", seed + 1)
+        other = make_case(op, shape, dtype, device, seed + 1)
         case = {**case, "residual": other["x"], "dresidual_out": other["dy"]}
     for p in OPS[op].params:
         if param_dtype is not None and case[p] is not None:
@@ -312,11 +312,11 @@ def test_fp32_parameters_beside_16_bit_x(op, direction):
             assert_passed(reports(k, op, direction, drawn(op, shape, dt, torch.float32)), f"{op} {shape.label} {dt}")
 
 
-def overflowing(op: str, dtype: torch.dtype) -> tuple[dict, torch.Tensor]:
+def overflowing(op: str, dtype: torch.dtype, device: str = "cpu") -> tuple[dict, torch.Tensor]:
     """A case whose rows 1 and 4 hold values near 1e30 (their squares overflow fp32), and which rows
     those are."""
-    case = drawn(op, Shape((6, 256)), dtype)
-    big = torch.zeros(6, dtype=torch.bool)
+    case = drawn(op, Shape((6, 256)), dtype, device=device)
+    big = torch.zeros(6, dtype=torch.bool, device=device)
     big[[1, 4]] = True
     x = case["x"].clone()
     x[big] = (x[big].float() * 1e30).to(dtype)
@@ -324,14 +324,8 @@ def overflowing(op: str, dtype: torch.dtype) -> tuple[dict, torch.Tensor]:
     return case, big
 
 
-@pytest.mark.parametrize("op", list(OPS))
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-def test_overflowing_statistics_give_nan_not_a_finite_wrong_number(op, dtype):
-    """Rows near 1e30 in bf16 or fp32: the sum of squares overflows fp32. torch's layer_norm returns
-    NaN there; rms_norm returns 0 (finite and wrong: the true y is of order 1); the kernels return
-    NaN in y, rstd and the backward's dx for exactly those rows, and exact results in the others."""
-    case, big = overflowing(op, dtype)
-    k = get("helion").kernels("cpu")
+def check_overflow(k, op: str, dtype: torch.dtype, device: str = "cpu") -> None:
+    case, big = overflowing(op, dtype, device)
     if op == "layernorm":
         torch_y = torch.nn.functional.layer_norm(case["x"], (256,), case["weight"], case["bias"], case["eps"])
         assert torch_y[big].isnan().all() and torch_y[~big].isfinite().all()  # what is matched
@@ -345,6 +339,15 @@ def test_overflowing_statistics_give_nan_not_a_finite_wrong_number(op, dtype):
     # the finite rows are unaffected: the checker's comparison on them alone
     rows = {name: (t[~big] if isinstance(t, torch.Tensor) and t.dim() == 2 else t) for name, t in case.items()}
     assert_passed(reports(k, op, "fwd", rows), f"{op}: finite rows")
+
+
+@pytest.mark.parametrize("op", list(OPS))
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_overflowing_statistics_give_nan_not_a_finite_wrong_number(op, dtype):
+    """Rows near 1e30 in bf16 or fp32: the sum of squares overflows fp32. torch's layer_norm returns
+    NaN there; rms_norm returns 0 (finite and wrong: the true y is of order 1); the kernels return
+    NaN in y, rstd and the backward's dx for exactly those rows, and exact results in the others."""
+    check_overflow(get("helion").kernels("cpu"), op, dtype)
 
 
 @TRITON_INTERPRETER
@@ -407,6 +410,32 @@ def test_a_failed_import_of_helion_leaves_nothing_stale():
     )
     assert done.returncode == 0, done.stderr[-3000:]
     assert "Config after rebinding" in done.stdout
+
+
+@pytest.mark.gpu
+def test_gpu_add_rmsnorm_fp32_parameters_and_overflow():
+    """On the GPU, with the pinned configs: add_rmsnorm on the decode shapes and the wide rows of the
+    edge set (the looped forward and the split backward), with and without dresidual_out, fp32
+    parameters beside bf16 x for every op, and the NaN of overflowing rows from compiled kernels."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    k = get("helion").kernels("cuda")
+    failures = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # an untuned GPU falls back to the default configs
+        for shape in SHAPE_SETS["decode"] + (EDGE[0], EDGE[7], EDGE[8]):
+            for op in OPS:
+                for param_dtype in (None, torch.float32):
+                    case = drawn(op, shape, torch.bfloat16, param_dtype, device="cuda")
+                    if param_dtype is None and op == "add_rmsnorm":
+                        case["dresidual_out"] = None
+                    for direction in ("fwd", "bwd"):
+                        bad = [f"{r.name}: {r.reason}" for r in reports(k, op, direction, case) if not r.passed]
+                        if bad:
+                            failures.append(f"{op} {direction} {shape.label} params {param_dtype}: {'; '.join(bad)}")
+        for op in OPS:
+            check_overflow(k, op, torch.bfloat16, "cuda")
+    assert not failures, "\n".join(failures)
 
 
 @pytest.mark.gpu
