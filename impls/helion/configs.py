@@ -24,6 +24,10 @@ Where the config comes from (``pinned()``):
    backward's row sums), and the split backward's second kernel takes tiles of 128 rows x 1024
    columns, walked 4 rows at a time.
 
+The entry points are rmsnorm's and layernorm's: add_rmsnorm runs rmsnorm's kernels (specialized for
+the residual tensors) with rmsnorm's entries at the same N. The dtype key is x's (what sets a row's
+bytes), whatever the weight's dtype; an fp32 weight is one more (N,) vector per program.
+
 Rows per program for few rows (``for_rows()``): the resident backward's ``block_sizes[0]`` (rows
 per program) is tuned at the sweep's M, tens of thousands of rows. At decode sizes (M <= 128) that
 block leaves all but a handful of SMs idle while each program walks its rows one step at a time, so
