@@ -7,6 +7,7 @@ are dynamic: one binary serves every M), so two rows stand in for it.
 Whose config: the current CUDA device's when there is one, else the first GPU in configs.json with
 configs for this entry point, else the default config. Each kernel's source starts with a header
 saying which, along with the kernel and the config (the split backward runs two kernels).
+``add_rmsnorm`` shows rmsnorm's kernels specialized for the residual tensors, with rmsnorm's config.
 """
 
 from __future__ import annotations
@@ -16,6 +17,10 @@ import torch
 from . import configs, layernorm, rmsnorm
 
 
+# add_rmsnorm runs rmsnorm's kernels (with the residual tensors) and rmsnorm's pinned configs
+KERNELS_OF = {"rmsnorm": "rmsnorm", "layernorm": "layernorm", "add_rmsnorm": "rmsnorm"}
+
+
 def example_args(op: str, direction: str, n: int, dtype: str, m: int = 2) -> tuple:
     """CPU stand-ins for the contract function's arguments (with weight and bias)."""
     dt = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[dtype]
@@ -23,23 +28,35 @@ def example_args(op: str, direction: str, n: int, dtype: str, m: int = 2) -> tup
     w = torch.ones(n, dtype=dt)
     stat = torch.ones(m, dtype=torch.float32)
     if direction == "fwd":
-        return (x, w, torch.zeros(n, dtype=dt), 1e-5) if op == "layernorm" else (x, w, 1e-5)
+        return {"layernorm": (x, w, torch.zeros(n, dtype=dt), 1e-5), "rmsnorm": (x, w, 1e-5)}.get(op, (x, x.clone(), w, 1e-5))
     dy = torch.zeros(m, n, dtype=dt)
-    return (dy, x, w, stat, stat.clone()) if op == "layernorm" else (dy, x, w, stat)
+    return {"layernorm": (dy, x, w, stat, stat.clone()), "rmsnorm": (dy, x, w, stat)}.get(op, (dy, dy.clone(), x, w, stat))
 
 
 def launches(op: str, direction: str, choice: configs.Pinned, args: tuple) -> list:
     """(kernel, config, arguments) for each kernel the contract function runs with ``choice``."""
-    mod = rmsnorm if op == "rmsnorm" else layernorm
+    family = KERNELS_OF[op]
+    mod = rmsnorm if family == "rmsnorm" else layernorm
+    if family == "rmsnorm":
+        # the kernels' own argument lists: the residual tensors (None for plain RMSNorm) beside x / dy
+        if direction == "fwd":
+            x, residual, w, eps = args if op == "add_rmsnorm" else (args[0], None, *args[1:])
+            args = (x, residual, None if residual is None else torch.empty_like(x), w, eps)
+        elif op == "rmsnorm":
+            args = (args[0], None, *args[1:])
     if direction == "fwd":
-        return [(getattr(mod, f"{op}_fwd_kernel"), choice.config, args)]
-    if choice.kernel != f"{op}_bwd_split":
+        return [(getattr(mod, f"{family}_fwd_kernel"), choice.config, args)]
+    if choice.kernel != f"{family}_bwd_split":
         return [(getattr(mod, choice.kernel), choice.config, args)]
     row_stats = args[-1]  # the per-row sums are (M,) fp32, like the statistics
-    sums = (row_stats,) if op == "rmsnorm" else (row_stats, row_stats)
+    if family == "rmsnorm":  # the row sums take no dresidual
+        return [
+            (mod.rmsnorm_bwd_row_sums, choice.first_pass, (args[0], *args[2:])),
+            (mod.rmsnorm_bwd_split, choice.config, args + (row_stats,)),
+        ]
     return [
-        (getattr(mod, f"{op}_bwd_row_sums"), choice.first_pass, args),
-        (getattr(mod, f"{op}_bwd_split"), choice.config, args + sums),
+        (mod.layernorm_bwd_row_sums, choice.first_pass, args),
+        (mod.layernorm_bwd_split, choice.config, args + (row_stats, row_stats)),
     ]
 
 
@@ -50,16 +67,18 @@ def which_gpu(entry: str) -> str | None:
 
 
 def codegen(op: str, direction: str, n: int, dtype: str = "bf16", gpu: str | None = None) -> str:
-    entry = f"{op}_{direction}"
+    entry = f"{KERNELS_OF[op]}_{direction}"
     gpu = gpu or which_gpu(entry)
     choice = configs.pinned(entry, n, dtype, gpu) if gpu else configs.default_config(entry, n)
     whose = f"{choice.source} for {gpu}" if choice.source != "default" else "default"
+    if entry != f"{op}_{direction}":
+        whose += f", {entry}'s"
     parts = []
     for kernel, config, args in launches(op, direction, choice, example_args(op, direction, n, dtype)):
         bound = kernel.bind(args)
         fitted = configs.fit(config, bound)
         parts.append(
-            f"# Helion {entry}, N={n}, {dtype}: kernel {kernel.name}\n"
+            f"# Helion {op}_{direction}, N={n}, {dtype}: kernel {kernel.name}\n"
             f"# config ({whose}): {fitted}\n" + bound.to_triton_code(fitted)
         )
     return "\n\n".join(parts)

@@ -24,6 +24,10 @@ Where the config comes from (``pinned()``):
    backward's row sums), and the split backward's second kernel takes tiles of 128 rows x 1024
    columns, walked 4 rows at a time.
 
+The entry points are rmsnorm's and layernorm's: add_rmsnorm runs rmsnorm's kernels (specialized for
+the residual tensors) with rmsnorm's entries at the same N. The dtype key is x's (what sets a row's
+bytes), whatever the weight's dtype; an fp32 weight is one more (N,) vector per program.
+
 Rows per program for few rows (``for_rows()``): the resident backward's ``block_sizes[0]`` (rows
 per program) is tuned at the sweep's M, tens of thousands of rows. At decode sizes (M <= 128) that
 block leaves all but a handful of SMs idle while each program walks its rows one step at a time, so
@@ -45,8 +49,10 @@ import warnings
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-import helion
 import torch
+
+from .imports import Config, Kernel, RefMode
+from .imports import kernel as helion_kernel
 
 CONFIG_FILE = Path(__file__).with_name("configs.json")
 DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
@@ -62,8 +68,8 @@ class Pinned:
     # the split backward's first kernel (the per-row sums) has a config of its own
     first_pass: dict | None = field(default=None, hash=False)
 
-    def helion_config(self) -> helion.Config:
-        return helion.Config(**self.config)
+    def helion_config(self) -> Config:
+        return Config(**self.config)
 
     def entry(self) -> dict:
         """The configs.json form."""
@@ -181,7 +187,7 @@ FEW_ROWS_RULE = True
 _FEW_ROWS: dict[tuple, Pinned] = {}
 _SMS: dict[torch.device, int] = {}
 _COMPILED: dict[tuple, object] = {}
-_EAGER: dict[str, helion.Kernel] = {}
+_EAGER: dict[str, Kernel] = {}
 
 
 def choose(entry: str, x: torch.Tensor) -> Pinned:
@@ -212,14 +218,14 @@ def _arg_key(a):
     return a if a is None else type(a)
 
 
-def launch(kernel: helion.Kernel, config: dict, *args):
+def launch(kernel: Kernel, config: dict, *args):
     """Run ``kernel`` on ``args`` with ``config`` pinned (compiled on first use, never tuned)."""
     key = (kernel.name, json.dumps(config, sort_keys=True), *map(_arg_key, args))
     run = _COMPILED.get(key)
     if run is None:
         if args[0].device.type != "cuda":
             if kernel.name not in _EAGER:
-                _EAGER[kernel.name] = helion.kernel(kernel.fn, static_shapes=False, ref_mode=helion.RefMode.EAGER)
+                _EAGER[kernel.name] = helion_kernel(kernel.fn, static_shapes=False, ref_mode=RefMode.EAGER)
             run = _EAGER[kernel.name]
         else:
             # The compiled function for exactly this config: a BoundKernel is shared by every
@@ -230,7 +236,7 @@ def launch(kernel: helion.Kernel, config: dict, *args):
     return run(*args)
 
 
-def fit(config: dict, bound) -> helion.Config:
+def fit(config: dict, bound) -> Config:
     """``config`` (tuned for an N bucket) fitted to the bound kernel's own N: a row short enough to
     need no reduction loop (N = 1) has no ``reduction_loops`` entry to set, for instance."""
     spec = dict(bound.config_spec.default_config())
@@ -241,7 +247,7 @@ def fit(config: dict, bound) -> helion.Config:
                 continue
             value = value[: len(spec[key])]
         fitted[key] = value
-    return helion.Config(**fitted)
+    return Config(**fitted)
 
 
 def use(entry: str, n: int, dtype: str, gpu: str, choice: Pinned) -> None:

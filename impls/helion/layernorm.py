@@ -17,21 +17,29 @@ chunks when the config sets ``reduction_loops``); the backward either keeps whol
 (``layernorm_bwd_row_sums``) and then dx, dw and db on [rows x columns] tiles
 (``layernorm_bwd_split``); dw and db are fp32 partial rows per program, summed after the kernel in
 fp32. Means are sums divided by n for the reason given there.
+
+Weight and bias may be fp32 beside 16-bit x: loaded in their own dtype, converted in registers;
+dweight and dbias are reduced in fp32 and returned in the weight's dtype (x's when there is none).
+
+A row whose squared deviations overflow fp32 (values near 1e30 in bf16 or fp32; or a mean that
+overflows, which makes them infinite too) gets rstd = NaN and so y = NaN, as torch's layer_norm
+returns; rsqrt(inf) = 0 would have returned y = bias, a finite wrong number. The backward sees that
+NaN rstd and returns NaN in dx.
 """
 
 from __future__ import annotations
 
-import helion
 import helion.language as hl
 import torch
 
 from .configs import choose, launch
+from .imports import RefMode, kernel
 
 # See rmsnorm.py: always compiled, dynamic M, N specialized in the kernel.
-COMPILED = {"static_shapes": False, "ref_mode": helion.RefMode.OFF}
+COMPILED = {"static_shapes": False, "ref_mode": RefMode.OFF}
 
 
-@helion.kernel(**COMPILED)
+@kernel(**COMPILED)
 def layernorm_fwd_kernel(
     x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None, eps: float
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -44,7 +52,8 @@ def layernorm_fwd_kernel(
         xf = x[rows, :].to(torch.float32)
         mean_rows = torch.sum(xf, dim=-1) / n
         xc = xf - mean_rows[:, None]
-        rstd_rows = torch.rsqrt(torch.sum(xc * xc, dim=-1) / n + eps)
+        var = torch.sum(xc * xc, dim=-1) / n
+        rstd_rows = torch.where(var < float("inf"), torch.rsqrt(var + eps), float("nan"))  # see the docstring
         yf = xc * rstd_rows[:, None]
         if weight is not None:
             yf = yf * weight[None, :].to(torch.float32)
@@ -56,7 +65,7 @@ def layernorm_fwd_kernel(
     return y, mean, rstd
 
 
-@helion.kernel(**COMPILED)
+@kernel(**COMPILED)
 def layernorm_bwd_resident(
     dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None, mean: torch.Tensor, rstd: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -87,7 +96,7 @@ def layernorm_bwd_resident(
     return dx, dw_partial, db_partial
 
 
-@helion.kernel(**COMPILED)
+@kernel(**COMPILED)
 def layernorm_bwd_row_sums(
     dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None, mean: torch.Tensor, rstd: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -105,7 +114,7 @@ def layernorm_bwd_row_sums(
     return c_xhat, c_mean
 
 
-@helion.kernel(**COMPILED)
+@kernel(**COMPILED)
 def layernorm_bwd_split(
     dy: torch.Tensor,
     x: torch.Tensor,
@@ -153,5 +162,6 @@ def layernorm_bwd(dy, x, weight, mean, rstd):
         )
     else:
         dx, dw_partial, db_partial = launch(layernorm_bwd_resident, choice.config, dy, x, weight, mean, rstd)
-    dw = dw_partial.sum(0).to(x.dtype) if weight is not None else None
-    return dx, dw, db_partial.sum(0).to(x.dtype)
+    param_dtype = weight.dtype if weight is not None else x.dtype
+    dw = dw_partial.sum(0).to(param_dtype) if weight is not None else None
+    return dx, dw, db_partial.sum(0).to(param_dtype)

@@ -1,4 +1,5 @@
-"""RMSNorm in Helion: tile-first kernels, one helion.Config pinned per GPU and row length.
+"""RMSNorm, and RMSNorm after a residual add, in Helion: tile-first kernels, one helion.Config
+pinned per GPU and row length.
 
 Forward, per row x of length N (all arithmetic in fp32):
 
@@ -10,8 +11,37 @@ Backward, with xhat = x * rstd and g = dy * w:
     dx = rstd * (g - xhat * c),   c = mean(g * xhat)      per row
     dw = sum over rows of dy * xhat                        a column sum over all M rows
 
+Add + RMSNorm (``add_rmsnorm``) is the same kernels with one more optional tensor each:
+
+    h  = round(x + residual)                stored as residual_out (x's dtype)
+    y  = rmsnorm(h)                         forward, as above, on h as stored
+    dh = rmsnorm's dx (on h) + dresidual_out      backward, added in fp32, rounded once
+
+The sum is rounded to x's dtype before the statistics because the unfused pair (a residual add,
+then RMSNorm) normalises the tensor it stored: computing rstd from the fp32 sum would give a y that
+differs from the unfused model's by up to an ulp of the sum. The forward kernel takes ``residual``
+and the buffer ``residual_out`` (both None for plain RMSNorm; Helion specializes on None, so each
+variant is its own binary with no dead code), the backward kernels take ``dresidual`` (None: no
+add). The buffer is allocated by the caller rather than in the kernel so that the kernel's host
+code has no branch on the arguments. The fused op runs rmsnorm's pinned config for the same N (there
+is no table of its own): the kernels, block shapes and loops are those of rmsnorm; only the number
+of rows read differs.
+
+Weights and bias may be fp32 beside 16-bit x (mixed precision): they are loaded in their own dtype
+and converted to fp32 in registers like everything else; Helion binds one more specialization per
+weight dtype. dweight is reduced in fp32 and returned in the weight's dtype.
+
+Rows whose sum of squares overflows fp32 (rms(x) above about 1.8e19 / sqrt(N): representable in bf16
+and fp32)
+get rstd = NaN, hence y = NaN, and NaN flows into dx through rstd: the alternative, rsqrt(inf) = 0,
+would return y = 0, a finite wrong number (torch.nn.functional.rms_norm does return 0 there; LayerNorm
+in torch returns NaN, and layernorm.py matches it).
+
 The forward tiles rows and reduces each full row; Helion turns the row into a loop over column
-chunks when the config sets ``reduction_loops`` (rows that do not fit in registers).
+chunks when the config sets ``reduction_loops`` (rows that do not fit in registers). In that looped
+form the normalising loop reads the row again (x, and for add_rmsnorm x and residual, recomputing h
+rather than reading back residual_out, which other threads of the program wrote), as the plain
+RMSNorm re-reads x: the same single-program-per-row structure, with the second read mostly from L2.
 
 The backward comes in two shapes; the pinned config says which one a row length uses:
 
@@ -22,7 +52,8 @@ The backward comes in two shapes; the pinned config says which one a row length 
   ``rmsnorm_bwd_row_sums`` computes c for every row (a row reduction, like the forward), then
   ``rmsnorm_bwd_split`` tiles the matrix in [rows x columns] blocks, each program walking its
   block's rows for dx and accumulating dw over them for its columns only. x and dy are read twice;
-  the 2-D grid keeps the GPU busy however few the rows, and the partials stay small.
+  the 2-D grid keeps the GPU busy however few the rows, and the partials stay small. dresidual
+  is read by the second kernel only, where dx is formed.
 
 Either way the fp32 partial rows are summed after the kernel in fp32 and cast once: deterministic,
 no atomics.
@@ -34,27 +65,39 @@ power of two (1024 for N = 1000).
 
 from __future__ import annotations
 
-import helion
 import helion.language as hl
 import torch
 
 from .configs import choose, launch
+from .imports import RefMode, kernel
 
 # Every kernel is compiled (never Helion's eager reference mode, whatever HELION_INTERPRET says at
 # import time); ``launch`` runs CPU tensors through an eager twin instead. Shapes stay dynamic so a
 # new M does not recompile; N is specialized inside each kernel because it sizes the tiles.
-COMPILED = {"static_shapes": False, "ref_mode": helion.RefMode.OFF}
+COMPILED = {"static_shapes": False, "ref_mode": RefMode.OFF}
 
 
-@helion.kernel(**COMPILED)
-def rmsnorm_fwd_kernel(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+@kernel(**COMPILED)
+def rmsnorm_fwd_kernel(
+    x: torch.Tensor,
+    residual: torch.Tensor | None,
+    residual_out: torch.Tensor | None,
+    weight: torch.Tensor | None,
+    eps: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
     m, n = x.size()
     n = hl.specialize(n)
     y = torch.empty([m, n], dtype=x.dtype, device=x.device)
     rstd = torch.empty([m], dtype=torch.float32, device=x.device)
     for rows in hl.tile(m):
         xf = x[rows, :].to(torch.float32)
-        rstd_rows = torch.rsqrt(torch.sum(xf * xf, dim=-1) / n + eps)
+        if residual is not None:
+            h = (xf + residual[rows, :].to(torch.float32)).to(x.dtype)
+            residual_out[rows, :] = h
+            xf = h.to(torch.float32)  # the statistics of h as stored (see the module docstring)
+        ms = torch.sum(xf * xf, dim=-1) / n
+        # an overflowed sum of squares gives NaN, not rsqrt(inf) = 0 (see the module docstring)
+        rstd_rows = torch.where(ms < float("inf"), torch.rsqrt(ms + eps), float("nan"))
         yf = xf * rstd_rows[:, None]
         if weight is not None:
             yf = yf * weight[None, :].to(torch.float32)
@@ -63,9 +106,9 @@ def rmsnorm_fwd_kernel(x: torch.Tensor, weight: torch.Tensor | None, eps: float)
     return y, rstd
 
 
-@helion.kernel(**COMPILED)
+@kernel(**COMPILED)
 def rmsnorm_bwd_resident(
-    dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None, rstd: torch.Tensor
+    dy: torch.Tensor, dresidual: torch.Tensor | None, x: torch.Tensor, weight: torch.Tensor | None, rstd: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
     m, n = x.size()
     n = hl.specialize(n)
@@ -84,13 +127,16 @@ def rmsnorm_bwd_resident(
             if weight is not None:
                 g = dyf * weight[None, :].to(torch.float32)
             c = torch.sum(g * xhat, dim=-1) / n
-            dx[rows, :] = ((g - xhat * c[:, None]) * rstd_rows).to(x.dtype)
+            dxf = (g - xhat * c[:, None]) * rstd_rows
+            if dresidual is not None:
+                dxf = dxf + dresidual[rows, :].to(torch.float32)
+            dx[rows, :] = dxf.to(x.dtype)
             dw_acc = dw_acc + torch.sum(dyf * xhat, dim=0)
         dw_partial[block.id, :] = dw_acc
     return dx, dw_partial
 
 
-@helion.kernel(**COMPILED)
+@kernel(**COMPILED)
 def rmsnorm_bwd_row_sums(
     dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None, rstd: torch.Tensor
 ) -> torch.Tensor:
@@ -106,9 +152,14 @@ def rmsnorm_bwd_row_sums(
     return c
 
 
-@helion.kernel(**COMPILED)
+@kernel(**COMPILED)
 def rmsnorm_bwd_split(
-    dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None, rstd: torch.Tensor, c: torch.Tensor
+    dy: torch.Tensor,
+    dresidual: torch.Tensor | None,
+    x: torch.Tensor,
+    weight: torch.Tensor | None,
+    rstd: torch.Tensor,
+    c: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     m, n = x.size()
     n = hl.specialize(n)
@@ -126,23 +177,37 @@ def rmsnorm_bwd_split(
             g = dyf
             if weight is not None:
                 g = dyf * weight[cols].to(torch.float32)[None, :]
-            dx[rows, cols] = ((g - xhat * c[rows][:, None]) * rstd_rows).to(x.dtype)
+            dxf = (g - xhat * c[rows][:, None]) * rstd_rows
+            if dresidual is not None:
+                dxf = dxf + dresidual[rows, cols].to(torch.float32)
+            dx[rows, cols] = dxf.to(x.dtype)
             dw_acc = dw_acc + torch.sum(dyf * xhat, dim=0)
         dw_partial[block.id, cols] = dw_acc
     return dx, dw_partial
 
 
+def add_rmsnorm_fwd(x, residual, weight, eps):
+    residual_out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    y, rstd = launch(rmsnorm_fwd_kernel, choose("rmsnorm_fwd", x).config, x, residual, residual_out, weight, eps)
+    return y, residual_out, rstd
+
+
 def rmsnorm_fwd(x, weight, eps):
-    return launch(rmsnorm_fwd_kernel, choose("rmsnorm_fwd", x).config, x, weight, eps)
+    return launch(rmsnorm_fwd_kernel, choose("rmsnorm_fwd", x).config, x, None, None, weight, eps)
+
+
+def add_rmsnorm_bwd(dy, dresidual_out, residual_out, weight, rstd):
+    choice = choose("rmsnorm_bwd", residual_out)
+    x = residual_out
+    if choice.kernel == rmsnorm_bwd_split.name:
+        c = launch(rmsnorm_bwd_row_sums, choice.first_pass, dy, x, weight, rstd)
+        dx, dw_partial = launch(rmsnorm_bwd_split, choice.config, dy, dresidual_out, x, weight, rstd, c)
+    else:
+        dx, dw_partial = launch(rmsnorm_bwd_resident, choice.config, dy, dresidual_out, x, weight, rstd)
+    # Without a weight the kernels still fill dw_partial (one row per program): unused.
+    dw = dw_partial.sum(0).to(weight.dtype) if weight is not None else None
+    return dx, dw
 
 
 def rmsnorm_bwd(dy, x, weight, rstd):
-    choice = choose("rmsnorm_bwd", x)
-    if choice.kernel == rmsnorm_bwd_split.name:
-        c = launch(rmsnorm_bwd_row_sums, choice.first_pass, dy, x, weight, rstd)
-        dx, dw_partial = launch(rmsnorm_bwd_split, choice.config, dy, x, weight, rstd, c)
-    else:
-        dx, dw_partial = launch(rmsnorm_bwd_resident, choice.config, dy, x, weight, rstd)
-    # Without a weight the kernels still fill dw_partial (one row per program): unused.
-    dw = dw_partial.sum(0).to(x.dtype) if weight is not None else None
-    return dx, dw
+    return add_rmsnorm_bwd(dy, None, x, weight, rstd)

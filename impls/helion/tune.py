@@ -197,7 +197,11 @@ def tune(
     op: str, shapes, dtype: str, log_dir: Path, workers: int | None = None, directions=("bwd", "fwd")
 ) -> dict:
     """Tune ``op`` for every N in ``shapes`` (harness.shapes.Shape, their M is the M timed) in
-    ``dtype`` on this GPU; update configs.json; write the log to ``log_dir``."""
+    ``dtype`` on this GPU; update configs.json; write the log to ``log_dir``. add_rmsnorm has
+    nothing of its own to tune: it runs rmsnorm's kernels with rmsnorm's configs (see rmsnorm.py)."""
+    if op not in ("rmsnorm", "layernorm"):
+        print(f"helion: {op} runs the configs of rmsnorm at the same N; tune rmsnorm for it")
+        return {"op": op, "dtype": dtype, "jobs": []}
     if not torch.cuda.is_available():
         raise RuntimeError("helion tuning needs a CUDA GPU")
     started = time.perf_counter()
