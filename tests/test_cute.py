@@ -339,8 +339,8 @@ def test_overflowing_statistics_give_nan(dtype, n):
     dy = torch.randn(4, n, device="cuda", generator=g).to(dtype)
     big = torch.tensor([False, True, False, True], device="cuda")
     torch_ln = torch.nn.functional.layer_norm(x.float(), (n,), w.float(), b.float())
-    assert torch_ln[big].isnan().all()  # what this matches
     y, mean, rstd = k.layernorm_fwd(x, w, b, 1e-5)
+    assert not torch.isfinite(y[~torch.isfinite(torch_ln)]).any()  # non-finite wherever torch's is
     dx, _, _ = k.layernorm_bwd(dy, x, w, mean, rstd)
     y2, rstd2 = k.rmsnorm_fwd(x, w, 1e-5)
     dx2, _ = k.rmsnorm_bwd(dy, x, w, rstd2)
