@@ -1,9 +1,11 @@
-"""CuTe DSL kernels: every variant compiles for sm_90a without a GPU; on the GPU, CuTe-specific
-behaviour (no recompilation for a new M, deterministic backward). Correctness against the fp64
-reference is the registry-driven tests' job."""
+"""CuTe DSL kernels: every variant compiles for sm_90a without a GPU, and every launch shape the
+host side can pick is one Hopper accepts (or a clear ValueError). On the GPU: add_rmsnorm and fp32
+weights against the fp64 reference, NaN where the statistics overflow, and CuTe-specific behaviour
+(no recompilation for a new M, deterministic backward). The registry-driven tests check the rest."""
 
 import math
 import os
+import re
 
 import pytest
 import torch
@@ -11,21 +13,44 @@ import torch
 pytest.importorskip("cutlass")
 os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")  # compile for Hopper with no driver present
 
+from harness import reference  # noqa: E402
+from harness.checker import compare, poisoned_allocations  # noqa: E402
+from harness.inputs import make_case  # noqa: E402
 from harness.shapes import SHAPE_SETS  # noqa: E402
 from impls.cute import kernels as K  # noqa: E402
 
+BF16, FP16, FP32 = torch.bfloat16, torch.float16, torch.float32
 # every N of the CPU shape sets (smoke and edge), plus the widest row (a 16-CTA cluster)
 CPU_N = sorted({s.n for name in ("smoke", "edge") for s in SHAPE_SETS[name] if s.n > 0} | {262144})
+ALL_N = sorted({s.n for shapes in SHAPE_SETS.values() for s in shapes if s.n > 0})
 VARIANTS = [(op, d) for op in ("rmsnorm", "layernorm") for d in ("fwd", "bwd")]
 
 
+def _regime(n: int, dtype: torch.dtype, op: str = "rmsnorm") -> str:
+    L = K.launch_shape(n, dtype.itemsize, math.gcd(n, 16 // dtype.itemsize), "fwd", op)
+    return "clustered" if L.cluster_n > 1 else ("staged" if L.stage_x else "narrow")
+
+
+def _regime_n(dtype: torch.dtype) -> dict[str, int]:
+    """One N of the shape sets per row-width regime of the forward (RMSNorm's thresholds)."""
+    found = {}
+    for n in ALL_N:
+        found.setdefault(_regime(n, dtype), n)
+    assert set(found) == {"narrow", "staged", "clustered"}, found
+    return found
+
+
+REGIMES = [(dt, regime, n) for dt in (BF16, FP32) for regime, n in sorted(_regime_n(dt).items())]
+
+
+# ---------------------------------------------------------------------------- compiles (sm_90a)
 @pytest.mark.parametrize("n", CPU_N)
 @pytest.mark.parametrize("op,direction", VARIANTS)
 def test_compiles_bf16(op, direction, n):
-    assert K.compile_only(op, direction, torch.bfloat16, n) > 0
+    assert K.compile_only(op, direction, BF16, n) > 0
 
 
-@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+@pytest.mark.parametrize("dtype", [FP16, FP32])
 @pytest.mark.parametrize("op,direction", VARIANTS)
 def test_compiles_other_dtypes(op, direction, dtype):
     assert K.compile_only(op, direction, dtype, 4096) > 0
@@ -34,14 +59,146 @@ def test_compiles_other_dtypes(op, direction, dtype):
 @pytest.mark.parametrize("op,direction", VARIANTS)
 def test_compiles_narrow_vectors_and_no_affine(op, direction):
     # a row stride that is not a multiple of 8 forces 4-element vectors; weight=None drops dweight
-    assert K.compile_only(op, direction, torch.bfloat16, 1000, vec=4, affine=False) > 0
+    assert K.compile_only(op, direction, BF16, 1000, vec=4, wdtype=None) > 0
+
+
+@pytest.mark.parametrize("dtype,regime,n", REGIMES, ids=lambda v: getattr(v, "__name__", str(v)))
+@pytest.mark.parametrize("direction,dres", [("fwd", False), ("bwd", True), ("bwd", False)])
+def test_add_rmsnorm_compiles(direction, dres, dtype, regime, n):
+    """The fused add in every row-width regime: residual staged beside x, dresidual_out in the ring."""
+    assert K.compile_only("add_rmsnorm", direction, dtype, n, residual=dres) > 0
+
+
+@pytest.mark.parametrize("dtype,regime,n", [r for r in REGIMES if r[0] != FP32], ids=str)
+@pytest.mark.parametrize("op,direction", VARIANTS + [("add_rmsnorm", "fwd"), ("add_rmsnorm", "bwd")])
+def test_fp32_weights_compile(op, direction, dtype, regime, n):
+    """fp32 weight (and bias) beside 16-bit x: two 128-bit loads per vector of x."""
+    assert K.compile_only(op, direction, dtype, n, wdtype=FP32, residual=op == "add_rmsnorm") > 0
+
+
+def test_fp16_x_with_fp32_weights_and_narrow_vectors_compile():
+    for op, direction in VARIANTS:
+        assert K.compile_only(op, direction, FP16, 20001, wdtype=FP32) > 0
+        assert K.compile_only(op, direction, FP16, 1000, vec=2, wdtype=FP32) > 0
+
+
+def _compiled_smem(key) -> int:
+    """The dynamic shared memory the DSL itself computed for this compiled kernel: the i64 stored
+    into the launch configuration's third field, in the host function's LLVM IR."""
+    ir = str(K._COMPILED[key][0].ir_module)
+    cfg = r"!llvm\.struct<\(array<3 x i32>, array<3 x i32>, i64, ptr, ptr, i32\)>"
+    gep = re.search(rf"(%\d+) = llvm\.getelementptr %\d+\[0, 2\] : \(!llvm\.ptr\) -> !llvm\.ptr, {cfg}", ir)
+    assert gep, "launch configuration not found in the host IR"
+    store = re.search(rf"llvm\.store (%\d+), {gep.group(1)} : i64", ir)
+    const = re.search(rf"{store.group(1)} = llvm\.mlir\.constant\((\d+) : i64\)", ir)
+    return int(const.group(1))
+
+
+@pytest.mark.parametrize(
+    "op,direction,dtype,n,residual",
+    [("layernorm", "bwd", FP32, 20001, False), ("layernorm", "bwd", FP32, 262144, False),
+     ("add_rmsnorm", "bwd", BF16, 65536, True), ("add_rmsnorm", "fwd", BF16, 16384, True),
+     ("layernorm", "fwd", BF16, 65536, False), ("rmsnorm", "fwd", BF16, 4096, False),
+     ("layernorm", "bwd", BF16, 131080, False)],  # fmt: skip
+)
+def test_shared_memory_model_matches_the_compiler(op, direction, dtype, n, residual):
+    """check_launch judges shared memory by shared_memory_bytes: it must be what the kernel allocates."""
+    vec = math.gcd(n, 16 // dtype.itemsize)
+    K.compile_only(op, direction, dtype, n, residual=residual)
+    key = K.kernel_key(op, direction, dtype, n, vec, dtype, dtype if op == "layernorm" and direction == "fwd" else None,
+                       residual)  # fmt: skip
+    launch, smem = K.planned_launch(n, dtype.itemsize, vec, direction, key[0], False, key[7])
+    assert _compiled_smem(key) == smem <= K.SMEM_LIMIT
+
+
+def test_whole_warp_launch_compiles():
+    """Just past a power-of-two width a power-of-two thread count would leave a CTA of the cluster
+    empty: those rows get a whole-warp thread count instead (bf16 N = 131080: 352 or so)."""
+    for direction in ("fwd", "bwd"):
+        L = K.launch_shape(131080, 2, 8, direction, "layernorm")
+        assert L.threads_per_row & (L.threads_per_row - 1) and L.threads_per_row % 32 == 0
+        assert (L.cluster_n - 1) * L.chunk < 131080 <= L.cluster_n * L.chunk
+        assert K.compile_only("layernorm", direction, BF16, 131080) > 0
+
+
+# ---------------------------------------------------------------------------- launch shapes
+def _sweep_variants():
+    # the launch depends on the op only through the forward's staging threshold; shared memory also
+    # on what is staged / in the ring: these four are the largest of each launch
+    return (("layernorm", "fwd", False), ("add_rmsnorm", "fwd", True),
+            ("layernorm", "bwd", False), ("rmsnorm", "bwd", True))
+
+
+def _swept_n(dense_up_to: int, step: int) -> list[int]:
+    """Every N up to ``dense_up_to``, then every ``step``-th (odd: every residue mod 8 and 16 comes
+    round) up to 2^18 + 4096, past the widest sweep row."""
+    return list(range(1, dense_up_to + 1)) + list(range(dense_up_to + 1, 2**18 + 4097, step))
+
+
+def test_every_launch_up_to_the_widest_sweep_row_is_valid():
+    """N in 2- and 4-byte elements (bf16 and fp16 share every launch; an fp32 weight changes none:
+    it lives in registers) at its natural vector width: every launch shape passes check_launch, and
+    no CTA of a cluster is empty. (Every N to 2^18 + 4096 passes too: 4 minutes on 2 cores.) Failing
+    before: the LayerNorm backward at bf16 N = 131080, fp32 N = 81924 (halving the cluster doubled
+    the shared memory past 227 KB: CUDA_ERROR_INVALID_VALUE at launch)."""
+    ns = sorted(set(_swept_n(2**16, 7)) | {81924, 131080, 135176})
+    for elem in (2, 4):
+        for n in ns:
+            vec = math.gcd(n, 16 // elem)
+            for op, direction, residual in _sweep_variants():
+                L, _ = K.planned_launch.__wrapped__(n, elem, vec, direction, op, False, residual)
+                assert not K._leaves_a_cta_empty(n // vec, L.cluster_n, L.threads_per_row, L.vecs_per_thread)
+
+
+def test_narrow_vector_and_few_row_launches_are_valid():
+    """Rows whose stride or pointer forces narrower vectors (1 or 2 elements), and decode batches
+    (few_rows: the forward unstaged)."""
+    for elem in (2, 4):
+        for n in _swept_n(20000, 101):
+            for vec in {1, math.gcd(n, 2)}:
+                for op, direction, residual in _sweep_variants():
+                    K.planned_launch.__wrapped__(n, elem, vec, direction, op, direction == "fwd", residual)
+
+
+def test_launch_shape_checks_reject_invalid_shapes():
+    good = K.launch_shape(4096, 2, 8)
+    K.check_launch(good, 4096, 1024)
+    bad = [
+        (K.Launch(8, 2048, 2048, 1, 1), 16384, 0, "threads per CTA"),
+        (K.Launch(8, 48, 96, 1, 1), 384, 0, "threads per row"),
+        (K.Launch(8, 512, 512, 32, 1), 131072, 0, "cluster of 32"),
+        (K.Launch(8, 64, 128, 2, 1), 1024, 0, "rows per CTA in a cluster"),
+        (K.Launch(8, 512, 512, 1, 1), 4097, 0, "vectors of 8"),
+        (K.Launch(8, 128, 128, 1, 1), 4096, 0, "not covered"),
+        (good, 4096, K.SMEM_LIMIT + 1, "shared memory"),
+    ]
+    for launch, n, smem, words in bad:
+        with pytest.raises(ValueError, match=words):
+            K.check_launch(launch, n, smem)
+
+
+def test_rows_out_of_reach_raise_a_clear_error():
+    """Past the widest rows a 16-CTA cluster holds, the launch is refused before compiling."""
+    with pytest.raises(ValueError, match=r"layernorm bwd at N = 1048576 .*shared memory per CTA"):
+        K.kernel_key("layernorm", "bwd", FP32, 2**20, 4, FP32)
+    with pytest.raises(ValueError, match="add_rmsnorm fwd"):
+        K.kernel_key("add_rmsnorm", "fwd", FP32, 2**21, 4, FP32)
+    # the widest sweep row fits every variant, with or without the residual row
+    for op in ("rmsnorm", "layernorm", "add_rmsnorm"):
+        for direction in ("fwd", "bwd"):
+            K.kernel_key(op, direction, FP32, 262144, 4, FP32, None, op == "add_rmsnorm")
+
+
+def test_rows_beyond_32_bits_are_refused():
+    with pytest.raises(ValueError, match="32-bit"):
+        K._check_call(K.MAX_ROWS + 1)
 
 
 def test_launch_shapes_cover_the_row_once():
-    for n in (1, 7, 1000, 1001, 4096, 7168, 16384, 65536, 262144):
+    for n in (1, 7, 1000, 1001, 4096, 7168, 16384, 65536, 131080, 262144):
         for elem in (2, 4):
             vec = math.gcd(n, 16 // elem)
-            for op in ("rmsnorm", "layernorm"):
+            for op in ("rmsnorm", "layernorm", "add_rmsnorm"):
                 for direction in ("fwd", "bwd"):
                     L = K.launch_shape(n, elem, vec, direction, op)
                     assert L.cluster_n * L.chunk >= n  # every column is covered
@@ -57,21 +214,146 @@ def test_few_rows_compile_an_unstaged_forward():
     """LayerNorm rows of 16 KB are staged in shared memory for many rows, not for a decode batch."""
     assert K.launch_shape(8192, 2, 8, "fwd", "layernorm").stage_x
     assert not K.launch_shape(8192, 2, 8, "fwd", "layernorm", few_rows=True).stage_x
-    assert K.compile_only("layernorm", "fwd", torch.bfloat16, 8192, few_rows=True) > 0
+    assert K.compile_only("layernorm", "fwd", BF16, 8192, few_rows=True) > 0
 
 
 def test_vector_width_respects_strides_and_alignment():
-    x = torch.empty(4, 1024, dtype=torch.bfloat16)
-    assert K.vector_width(1000, torch.bfloat16, x[:, :1000]) == 8
-    assert K.vector_width(1000, torch.bfloat16, x[:, 1:1001]) == 1  # pointer off by one element
-    assert K.vector_width(1000, torch.bfloat16, torch.empty(4, 1004, dtype=torch.bfloat16)[:, :1000]) == 4
-    assert K.vector_width(1003, torch.bfloat16, x[:, :1003]) == 1
+    x = torch.empty(4, 1024, dtype=BF16)
+    assert K.vector_width(1000, BF16, x[:, :1000]) == 8
+    assert K.vector_width(1000, BF16, x[:, 1:1001]) == 1  # pointer off by one element
+    assert K.vector_width(1000, BF16, torch.empty(4, 1004, dtype=BF16)[:, :1000]) == 4
+    assert K.vector_width(1003, BF16, x[:, :1003]) == 1
+
+
+def test_vector_width_aligns_fp32_weights_to_a_whole_vector():
+    """An fp32 weight beside bf16 x is read 8 elements (32 bytes) per vector of x."""
+    x = torch.empty(4, 1024, dtype=BF16)
+    w = torch.empty(1024 + 8, dtype=FP32)
+    assert K.vector_width(1024, BF16, x, w[:1024]) == 8
+    assert K.vector_width(1024, BF16, x, w[4:1028]) == 4  # 16-byte aligned only
+    assert K.vector_width(1024, BF16, x, w[1:1025]) == 1
+
+
+def test_compile_keys_carry_the_parameter_dtypes():
+    same = K.kernel_key("rmsnorm", "fwd", BF16, 4096, 8, BF16)
+    mixed = K.kernel_key("rmsnorm", "fwd", BF16, 4096, 8, FP32)
+    assert same != mixed and same[-1] == mixed[-1]  # a kernel each, one launch shape
+    # the fused backward without dresidual_out is RMSNorm's own kernel
+    fused = K.kernel_key("add_rmsnorm", "bwd", BF16, 4096, 8, BF16)
+    assert fused == K.kernel_key("rmsnorm", "bwd", BF16, 4096, 8, BF16)
+
+
+# ---------------------------------------------------------------------------- on the GPU
+def _cases(dtypes=(BF16, FP16, FP32)):
+    shapes = [s for name in ("smoke", "edge") for s in SHAPE_SETS[name] if s.m > 0]
+    return [(s, dt) for s in shapes for dt in dtypes]
+
+
+def _kernels():
+    from harness.registry import get
+
+    return get("cute").kernels("cuda")
+
+
+def _assert_all(reports):
+    bad = [f"{r.name}: {r.reason}" for r in reports if not r.passed]
+    assert not bad, "; ".join(bad)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("wdtype", ["x", FP32])
+@pytest.mark.parametrize("shape,dtype", _cases(), ids=str)
+def test_add_rmsnorm_against_reference(shape, dtype, wdtype):
+    k = _kernels()
+    a, b = make_case("rmsnorm", shape, dtype, "cuda", seed=1), make_case("rmsnorm", shape, dtype, "cuda", seed=2)
+    x, res, dy, dres = a["x"], b["x"], a["dy"], b["dy"]
+    w = a["weight"] if wdtype == "x" else a["weight"].float()
+    eps = a["eps"]
+    y_ref, h_ref, rstd_ref = reference.add_rmsnorm_fwd(x, res, w, eps)
+    with poisoned_allocations():
+        y, h, rstd = k.add_rmsnorm_fwd(x, res, w, eps)
+    _assert_all([compare("y", y, y_ref, dtype, x.shape), compare("residual_out", h, h_ref, dtype, x.shape),
+                 compare("rstd", rstd, rstd_ref, FP32, x.shape[:-1])])  # fmt: skip
+    # y must be rmsnorm(residual_out) as stored: the same kernel on h gives the same bits
+    assert torch.equal(y, k.rmsnorm_fwd(h, w, eps)[0])
+    n = x.shape[-1]
+    r64 = rstd_ref.reshape(-1, 1)
+    for d in (dres, None):
+        dh_ref, dw_ref = reference.add_rmsnorm_bwd(dy, d, h, w, rstd_ref)
+        with poisoned_allocations():
+            dh, dw = k.add_rmsnorm_bwd(dy, d, h, w, rstd_ref.float())
+        dy64 = dy.double().reshape(-1, n)
+        dh_terms = (dy64 * w.double() * r64).abs() + (d.double().reshape(-1, n).abs() if d is not None else 0)
+        dw_terms = (dy64 * h.double().reshape(-1, n) * r64).square().sum(0).sqrt()
+        _assert_all([compare("dh", dh, dh_ref, dtype, x.shape, dh_terms.reshape(x.shape)),
+                     compare("dweight", dw, dw_ref, w.dtype, (n,), dw_terms)])  # fmt: skip
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("op", ["rmsnorm", "layernorm"])
+@pytest.mark.parametrize("shape,dtype", _cases((BF16, FP16)), ids=str)
+def test_fp32_weights_against_reference(op, shape, dtype):
+    k = _kernels()
+    c = make_case(op, shape, dtype, "cuda", seed=3)
+    x, dy, eps = c["x"], c["dy"], c["eps"]
+    w = c["weight"].float()
+    b = c["bias"].float() if c["bias"] is not None else None
+    n = x.shape[-1]
+    if op == "layernorm":
+        y_ref, mean, rstd = reference.layernorm_fwd(x, w, b, eps)
+        with poisoned_allocations():
+            y, *_ = k.layernorm_fwd(x, w, b, eps)
+            dx, dw, db = k.layernorm_bwd(dy, x, w, mean.float(), rstd.float())
+        dx_ref, dw_ref, db_ref = reference.layernorm_bwd(dy, x, w, mean, rstd)
+    else:
+        y_ref, rstd = reference.rmsnorm_fwd(x, w, eps)
+        with poisoned_allocations():
+            y, _ = k.rmsnorm_fwd(x, w, eps)
+            dx, dw = k.rmsnorm_bwd(dy, x, w, rstd.float())
+        dx_ref, dw_ref = reference.rmsnorm_bwd(dy, x, w, rstd)
+        db, db_ref = None, None
+    dy64, r64 = dy.double().reshape(-1, n), rstd.reshape(-1, 1)
+    xhat_terms = dy64 * (x.double().reshape(-1, n) - (mean.reshape(-1, 1) if op == "layernorm" else 0)) * r64
+    reports = [compare("y", y, y_ref, dtype, x.shape),
+               compare("dx", dx, dx_ref, dtype, x.shape, (dy64 * w.double() * r64).abs().reshape(x.shape)),
+               compare("dweight", dw, dw_ref, FP32, (n,), xhat_terms.square().sum(0).sqrt())]  # fmt: skip
+    if op == "layernorm":
+        reports.append(compare("dbias", db, db_ref, FP32, (n,), dy64.square().sum(0).sqrt()))
+    _assert_all(reports)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n", [64, 4096, 16384, 65536])
+@pytest.mark.parametrize("dtype", [BF16, FP32])
+def test_overflowing_statistics_give_nan(dtype, n):
+    """Rows near 1e30: x^2 overflows fp32. torch's LayerNorm returns NaN there; rsqrt(inf) = 0
+    would give a finite y = b (LayerNorm) or 0 (RMSNorm, what torch returns: a finite wrong number).
+    Every such row must come out non-finite, in y and in dx, and ordinary rows stay finite."""
+    k = _kernels()
+    g = torch.Generator(device="cuda").manual_seed(4)
+    x = torch.randn(4, n, device="cuda", generator=g).to(dtype)
+    x[1] = x[1].float().mul(1e30).to(dtype)
+    x[3, 0] = 3e30
+    w = torch.randn(n, device="cuda", generator=g).to(dtype)
+    b = torch.randn(n, device="cuda", generator=g).to(dtype)
+    dy = torch.randn(4, n, device="cuda", generator=g).to(dtype)
+    big = torch.tensor([False, True, False, True], device="cuda")
+    torch_ln = torch.nn.functional.layer_norm(x.float(), (n,), w.float(), b.float())
+    y, mean, rstd = k.layernorm_fwd(x, w, b, 1e-5)
+    assert not torch.isfinite(y[~torch.isfinite(torch_ln)]).any()  # non-finite wherever torch's is
+    dx, _, _ = k.layernorm_bwd(dy, x, w, mean, rstd)
+    y2, rstd2 = k.rmsnorm_fwd(x, w, 1e-5)
+    dx2, _ = k.rmsnorm_bwd(dy, x, w, rstd2)
+    y3, _, _ = k.add_rmsnorm_fwd(x, torch.zeros_like(x), w, 1e-5)
+    for t in (y, dx, y2, dx2, y3):
+        assert not torch.isfinite(t[big]).any()
+        assert torch.isfinite(t[~big]).all()
 
 
 @pytest.mark.gpu
 def test_new_m_does_not_recompile():
-    x = torch.randn(300, 2880, device="cuda", dtype=torch.bfloat16)
-    w = torch.randn(2880, device="cuda", dtype=torch.bfloat16)
+    x = torch.randn(300, 2880, device="cuda", dtype=BF16)
+    w = torch.randn(2880, device="cuda", dtype=BF16)
     K.rmsnorm_fwd(x, w, 1e-5)
     keys = set(K.COMPILE_SECONDS)
     for m in (1, 17, 299):
@@ -85,10 +367,10 @@ def test_new_m_does_not_recompile():
 @pytest.mark.parametrize("n", [4096, 65536])
 def test_backward_is_deterministic(n):
     g = torch.Generator(device="cuda").manual_seed(0)
-    x = torch.randn(1000, n, device="cuda", dtype=torch.bfloat16, generator=g)
-    dy = torch.randn(1000, n, device="cuda", dtype=torch.bfloat16, generator=g)
-    w = torch.randn(n, device="cuda", dtype=torch.bfloat16, generator=g)
-    b = torch.randn(n, device="cuda", dtype=torch.bfloat16, generator=g)
+    x = torch.randn(1000, n, device="cuda", dtype=BF16, generator=g)
+    dy = torch.randn(1000, n, device="cuda", dtype=BF16, generator=g)
+    w = torch.randn(n, device="cuda", dtype=BF16, generator=g)
+    b = torch.randn(n, device="cuda", dtype=BF16, generator=g)
     _, mean, rstd = K.layernorm_fwd(x, w, b, 1e-5)
     first = K.layernorm_bwd(dy, x, w, mean, rstd)
     for _ in range(3):

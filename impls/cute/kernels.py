@@ -1,4 +1,4 @@
-"""RMSNorm and LayerNorm, forward and backward, in CuTe DSL (Hopper, sm_90).
+"""RMSNorm, LayerNorm and add + RMSNorm, forward and backward, in CuTe DSL (Hopper, sm_90).
 
 Math, per row x of length N (fp32 throughout, y / dx rounded once to x's dtype):
 
@@ -16,13 +16,45 @@ Math, per row x of length N (fp32 throughout, y / dx rounded once to x's dtype):
                dx = rstd * (g - xhat * c1 - c2)
                dw = sum over rows of dy * xhat,   db = sum over rows of dy
 
+    add_rmsnorm  h = round_to_x_dtype(x + residual)   (the sum in fp32, rounded once)
+                 forward: residual_out = h, then RMSNorm of h;  backward: dh = dx(h) + dresidual_out
+
+add_rmsnorm is the RMSNorm kernels with a residual switch (NormForward / NormBackward ``residual``),
+so it takes every path RMSNorm takes (registers, staged, cluster) in one pass over the rows. The sum
+is rounded to x's dtype before the statistics because residual_out is stored in x's dtype and the
+unfused model normalises what it stored: y is then bit for bit rmsnorm(residual_out), and the
+backward, which sees only residual_out, differentiates the same function. Staged, the residual row
+is staged beside x and h overwrites x's staged vectors (each thread its own). In the backward,
+dresidual_out rides the cp.async ring beside x and dy and is added to dx in fp32, so dh is rounded
+once.
+
+Weights and biases come in their own dtype: x's, or fp32 beside 16-bit x (mixed precision). They
+are loaded in that dtype, one vector of x's width per vector (an fp32 vector of 8 is two 128-bit
+loads; vector_width aligns its pointer to match) and converted to fp32 in registers like x.
+dweight / dbias are reduced in fp32 and rounded once to the weight's dtype.
+
+Statistics that overflow: x^2 of |x| > 1.8e19 is inf in fp32, and rsqrt(inf) = 0 would make the row
+a finite y = b (LayerNorm) or 0 (RMSNorm). rstd is NaN where the variance (mean square) is inf, so
+y and dx are NaN there, as torch's LayerNorm gives; torch's RMSNorm returns the finite 0s, a wrong
+number this does not copy.
+
 Work split. A row is cut into ``cluster_n`` column chunks, one per CTA of a thread-block cluster;
 inside a CTA, ``threads_per_row`` threads share a row and each holds ``vecs_per_thread`` vectors of
 ``vec`` elements, strided by ``vec * threads_per_row`` so that a warp's accesses are contiguous.
 ``vec`` is 128 bits (8 bf16/fp16, 4 fp32) when N, the row strides and the pointers allow it,
 narrower otherwise. Rows up to 32 KB stay in one CTA (several rows per CTA when they are short);
 wider rows go to a cluster (up to 16 CTAs, 32 KB per CTA; 16 KB in the LayerNorm backward), so
-every row is read from DRAM exactly once at every N up to 262144.
+every row is read from DRAM exactly once at every N up to 262144, and beyond until a CTA's share
+outgrows shared memory (the narrowest reach: the LayerNorm backward, fp32 rows of about 295000 and
+16-bit ones of about 430000; wider rows get a ValueError).
+
+Launch shapes are valid by construction: planned_launch computes each kernel's launch shape and
+its exact shared memory (shared_memory_bytes mirrors the allocation order; a test compares it with
+what the compiler computed) and check_launch refuses, with a ValueError before anything is
+compiled, a shape Hopper would reject at launch (threads per CTA, warps, cluster of at most 16 with
+one row, the row covered, shared memory <= 227 KB). A cluster's thread count is whole warps,
+not always a power of two: a power of two could leave the cluster's last CTA empty just past a
+power-of-two width, which used to halve the cluster and double the shared memory (launch_shape).
 
 Forward: one-shot, one row tile per CTA. Short rows are loaded straight into registers. From 32 KB
 (RMSNorm) / 10 KB (LayerNorm) of row per CTA, x is staged in shared memory instead (cp.async) and
@@ -60,9 +92,9 @@ exchange instead of two gave 1.5-2.5, the register diet the rest. The backward r
 (RMSNorm) and 45-82% (LayerNorm); its persistent CTAs of 512 threads x 128 registers are one per SM.
 fp32 at N = 262144 fits one ring stage only (128 KB per CTA): correct, not overlapped.
 
-Compilation: one kernel per (op, direction, dtype, N, vec, affine) key, compiled on first use with M
-(the row count) symbolic, so a new M never recompiles; ``COMPILE_SECONDS`` records the compile time
-per key. Calls go through TVM-FFI (torch tensors passed straight in, the current stream taken from
+Compilation: one kernel per (op, direction, dtype, N, vec, weight / bias dtypes, residual, launch)
+key, compiled on first use with M (the row count) symbolic, so a new M never recompiles;
+``COMPILE_SECONDS`` records the compile time per key. Calls go through TVM-FFI (torch tensors passed straight in, the current stream taken from
 the environment) to keep the launch overhead small for decode shapes.
 """
 
@@ -87,28 +119,35 @@ from cutlass.cute.nvgpu import cpasync
 _TORCH2CUTE = {torch.bfloat16: cutlass.BFloat16, torch.float16: cutlass.Float16, torch.float32: cutlass.Float32}
 _HAS_TVM_FFI = find_spec("tvm_ffi") is not None
 
-# Shared memory budget of one CTA (Hopper allows 227 KB); the backward ring uses up to this much.
+# Hopper's limits on one launch. Dynamic shared memory above SMEM_LIMIT is not a compile error: the
+# driver rejects the launch (CUDA_ERROR_INVALID_VALUE, the DSL's CUDA_LAUNCH_INVALID_CONFIG), so
+# every launch shape is checked against these before it is compiled (check_launch).
+SMEM_LIMIT = 227 * 1024  # per CTA
+MAX_THREADS = 1024  # per CTA
+MAX_CLUSTER = 16  # CTAs per cluster: 8 portable, 16 with the non-portable attribute (the DSL sets it)
+MAX_ROWS = 2**31 - 1  # M is a 32-bit kernel argument; the forward's grid x is ceil(M / rows per CTA)
+# Shared memory budget of one CTA's backward ring (the rest is headroom for the reduction buffers).
 _SMEM_BUDGET = 200 * 1024
 # A CTA holds at most this many bytes of one row; wider rows are split across a cluster.
-_MAX_CHUNK_BYTES = {("rmsnorm", "fwd"): 32 * 1024, ("layernorm", "fwd"): 32 * 1024,
-                    ("rmsnorm", "bwd"): 32 * 1024, ("layernorm", "bwd"): 32 * 1024}
+_MAX_CHUNK_BYTES = 32 * 1024
 # The LayerNorm backward carries two fp32 accumulators (dweight, dbias) per column: beyond 16 KB of
 # row per 512-thread CTA both no longer fit in 128 registers (ptxas spilled 80-272 B per thread), so
 # dbias moves to shared memory there. That beat halving the chunk (a cluster twice as large) on the
 # H200: LayerNorm bwd at N = 65536, 285 vs 335 us.
 _DBIAS_SMEM_ABOVE_BYTES = 16 * 1024
-_MAX_CLUSTER = 16
 # Target vectors per thread: 64 B of x in 16-bit types in the forward, enough loads in flight; half
 # that in the backward, whose thread also carries fp32 dweight / dbias accumulators (registers).
 _VECS_PER_THREAD = {"fwd": 4, "bwd": 2}
 # Forward rows of at least this many bytes per CTA are staged in shared memory (Launch.stage_x).
-_STAGE_X_BYTES = {"rmsnorm": 32 * 1024, "layernorm": 10 * 1024}
+# add_rmsnorm is RMSNorm with a residual row staged beside x.
+_STAGE_X_BYTES = {"rmsnorm": 32 * 1024, "add_rmsnorm": 32 * 1024, "layernorm": 10 * 1024}
 _STAGED_VECS_PER_THREAD = 8
 # Staged 256-thread CTAs per SM promised to ptxas, which caps the registers to match: 4 x 64 for
 # RMSNorm (its natural count; more headroom only made ptxas take 78), 3 x 80 for LayerNorm (83-89
 # uncapped: 2 CTAs per SM; capped, ptxas spills 8-32 B per thread). 128-thread staged CTAs (rows of
-# 10-16 KB) fit 5-7 per SM uncapped; a cap there only made ptxas spill.
-_STAGED_CTAS_PER_SM = {"rmsnorm": 4, "layernorm": 3}
+# 10-16 KB) fit 5-7 per SM uncapped; a cap there only made ptxas spill. add_rmsnorm stages two rows
+# (x and the residual: 64 KB per CTA), so shared memory allows 3 CTAs (not measured yet).
+_STAGED_CTAS_PER_SM = {"rmsnorm": 4, "add_rmsnorm": 3, "layernorm": 3}
 # The LayerNorm forward over a cluster (Launch.one_exchange) takes 38-40 registers uncapped; 6 CTAs
 # is what its 32 KB of shared memory per CTA allows, so this cap only keeps a later change from
 # silently costing CTAs.
@@ -160,35 +199,152 @@ def _pow2_at_least(v: int) -> int:
     return 1 << max(0, math.ceil(math.log2(max(1, v))))
 
 
+def _leaves_a_cta_empty(n_vecs: int, cluster_n: int, tpr: int, vpt: int) -> bool:
+    return cluster_n > 1 and (cluster_n - 1) * tpr * vpt >= n_vecs
+
+
 def launch_shape(n: int, elem_bytes: int, vec: int, direction: str = "fwd", op: str = "rmsnorm", few_rows: bool = False) -> Launch:
     """``few_rows``: no more rows than SMs. Staging a row held by one CTA only pays by fitting more
     CTAs per SM; with a CTA per SM at most it is a shared-memory round trip for nothing (H200,
-    LayerNorm forward at 128 x 8192 bf16: 32 -> 27% of copy bandwidth staged)."""
+    LayerNorm forward at 128 x 8192 bf16: 32 -> 27% of copy bandwidth staged).
+
+    Cluster peers should each get a non-empty slice of the row. A power-of-two thread count can
+    leave the last CTA empty just past a power-of-two width (bf16 N = 131080: 16 CTAs of 3 x 512
+    vectors cover 15 x 12288 columns before the last). Halving the cluster there used to double the
+    chunk, and its shared memory with it: the LayerNorm backward asked 296 KB per CTA at bf16
+    N = 131080 and fp32 N = 81924, and the driver rejected the launch (CUDA_ERROR_INVALID_VALUE).
+    Instead the row's threads become the fewest whole warps (up to 1024) that cover the chunk;
+    where even that does not fit, the last CTA idles instead. The chunk never grows past what
+    the per-CTA byte cap and the cluster give."""
     cluster_n = 1
-    while n * elem_bytes > _MAX_CHUNK_BYTES[op, direction] * cluster_n and cluster_n < _MAX_CLUSTER:
+    while n * elem_bytes > _MAX_CHUNK_BYTES * cluster_n and cluster_n < MAX_CLUSTER:
         cluster_n *= 2
-    chunk_vecs = _cdiv(n // vec, cluster_n)
+    n_vecs = n // vec
+    chunk_vecs = _cdiv(n_vecs, cluster_n)
     stage = direction == "fwd" and chunk_vecs * vec * elem_bytes >= _STAGE_X_BYTES[op]
     stage = stage and not (few_rows and cluster_n == 1)  # a cluster's LayerNorm path needs its staged row
     target = _STAGED_VECS_PER_THREAD if stage else _VECS_PER_THREAD[direction]
-    tpr = min(256 if stage else 512, max(32 if stage else 1, _pow2_at_least(_cdiv(chunk_vecs, target))))
+    max_tpr = 256 if stage else 512
+    tpr = min(max_tpr, max(32 if stage else 1, _pow2_at_least(_cdiv(chunk_vecs, target))))
     vpt = _cdiv(chunk_vecs, tpr)
-    # Cluster peers each need a distinct, non-empty slice of the row.
-    while cluster_n > 1 and (cluster_n - 1) * vec * tpr * vpt >= n:
-        cluster_n //= 2
-        vpt = _cdiv(_cdiv(n // vec, cluster_n), tpr)
+    if _leaves_a_cta_empty(n_vecs, cluster_n, tpr, vpt):
+        for v in range(vpt, 0, -1):  # fewer vectors per thread: a finer tile
+            warps = _cdiv(_cdiv(chunk_vecs, v), 32)
+            if 32 * warps > MAX_THREADS:
+                break
+            if not _leaves_a_cta_empty(n_vecs, cluster_n, 32 * warps, v):
+                tpr, vpt = 32 * warps, v
+                break
+    # Failing that (no tile of at most max_tpr threads fits), the last CTA idles: every path predicates
+    # the columns past N, and to the (count, mean, M2) merge a count of 0 is the identity.
     layer_fwd = op == "layernorm" and direction == "fwd"
-    return Launch(vec, tpr, max(128, tpr), cluster_n, vpt, stage, stage and layer_fwd, layer_fwd and cluster_n > 1)
+    num_threads = tpr * max(1, 128 // tpr)
+    return Launch(vec, tpr, num_threads, cluster_n, vpt, stage, stage and layer_fwd, layer_fwd and cluster_n > 1)
+
+
+@dataclass(frozen=True)
+class BackwardRing:
+    """The backward's shared-memory plan for one launch shape (pure Python: no GPU needed)."""
+
+    tensors: int  # row tensors in the ring: x and dy, and dresidual_out when given
+    dbias_in_smem: bool
+    acc_bytes: int  # shared memory of the dbias accumulator (0 when it lives in registers)
+    ctas_per_sm: int  # promised to ptxas (min blocks per SM)
+    stages: int
+
+
+def backward_ring(launch: Launch, elem_bytes: int, op: str, residual: bool = False) -> BackwardRing:
+    """The CTA count is promised to ptxas (min blocks per SM), which caps the registers so that many
+    CTAs really are resident: the persistent grid is sized by it. A chunk of more than 16 KB leaves
+    the LayerNorm backward more fp32 dweight + dbias accumulators than 128 registers hold: dbias
+    then accumulates in shared memory (each thread its own columns, so no barrier)."""
+    tensors = 3 if residual else 2
+    dbias = op == "layernorm" and launch.chunk * elem_bytes > _DBIAS_SMEM_ABOVE_BYTES
+    acc = launch.rows_per_cta * launch.chunk * 4 if dbias else 0
+    ctas = max(1, 512 // launch.num_threads)
+    stage_bytes = tensors * launch.rows_per_cta * launch.chunk * elem_bytes
+    while ctas > 1 and (2 * stage_bytes + acc) * ctas > _SMEM_BUDGET:
+        ctas //= 2
+    # fp32 at N = 262144 fits a single stage (128 KB per CTA): correct, but loads do not overlap
+    stages = max(1, min(4, (_SMEM_BUDGET - acc * ctas) // (stage_bytes * ctas)))
+    return BackwardRing(tensors, dbias, acc, ctas, stages)
+
+
+def _reduction_slots(op: str, direction: str, launch: Launch) -> int:
+    """fp32 values per (row, warp) in the reduction buffer. Forward: RMSNorm's sum of squares;
+    LayerNorm's sum and centred sum of squares, or its (count, mean, M2) triple (one_exchange).
+    Backward: two row-iteration parities of one (RMSNorm) or two (LayerNorm) sums."""
+    if direction == "bwd":
+        return 2 * (2 if op == "layernorm" else 1)
+    return 3 if launch.one_exchange else (2 if op == "layernorm" else 1)
+
+
+def shared_memory_bytes(launch: Launch, elem_bytes: int, op: str, direction: str, residual: bool = False) -> int:
+    """Dynamic shared memory of one CTA, laid out as the kernels allocate it (in this order, each
+    buffer aligned to 16 bytes, the mbarriers to 8)."""
+    L = launch
+    row_bytes = L.rows_per_cta * L.chunk * elem_bytes
+    sbuf = L.rows_per_cta * L.warps_per_row * L.cluster_n * _reduction_slots(op, direction, L) * 4
+    if direction == "fwd":
+        staged = (2 if residual else 1) if L.stage_x else 0
+        buffers, mbarriers = [row_bytes] * staged + [sbuf], 1
+    else:
+        ring = backward_ring(L, elem_bytes, op, residual)
+        buffers = [row_bytes * ring.stages] * ring.tensors + [sbuf] + [ring.acc_bytes] * ring.dbias_in_smem
+        mbarriers = 2
+    offset = 0
+    for size in buffers:
+        offset = _cdiv(offset, 16) * 16 + size
+    if L.cluster_n > 1:
+        offset = _cdiv(offset, 8) * 8 + 8 * mbarriers
+    return offset
+
+
+def check_launch(launch: Launch, n: int, smem: int, what: str = "") -> None:
+    """Raise ValueError unless this launch shape is one Hopper accepts and that covers a row of n
+    columns exactly once: the grid is (row tiles or persistent CTAs, cluster_n, 1), the cluster
+    (1, cluster_n, 1), the block (num_threads, 1, 1)."""
+    L = launch
+    fail = []
+    if not (32 <= L.num_threads <= MAX_THREADS and L.num_threads % 32 == 0):
+        fail.append(f"{L.num_threads} threads per CTA (needs a multiple of 32, at most {MAX_THREADS})")
+    tpr = L.threads_per_row
+    if L.num_threads % tpr or (tpr % 32 if tpr >= 32 else 32 % tpr):
+        fail.append(f"{L.threads_per_row} threads per row (a power of two below a warp, whole warps above)")
+    if L.cluster_n not in (1, 2, 4, 8, 16) or L.cluster_n > MAX_CLUSTER:
+        fail.append(f"a cluster of {L.cluster_n} CTAs (a power of two, at most {MAX_CLUSTER})")
+    if L.cluster_n > 1 and L.rows_per_cta != 1:
+        fail.append(f"{L.rows_per_cta} rows per CTA in a cluster (one row per cluster)")
+    if L.vec < 1 or n % L.vec or L.vecs_per_thread < 1:
+        fail.append(f"vectors of {L.vec} elements x {L.vecs_per_thread} per thread for N = {n}")
+    if L.cluster_n * L.chunk < n:
+        fail.append(f"{L.cluster_n} CTAs of {L.chunk} columns for N = {n} (the row not covered)")
+    if smem > SMEM_LIMIT:
+        fail.append(f"{smem} B of shared memory per CTA (Hopper allows {SMEM_LIMIT} B)")
+    if fail:
+        raise ValueError(f"impls.cute: no valid launch for {what or f'N = {n}'}: " + "; ".join(fail))
+
+
+@lru_cache(maxsize=None)
+def planned_launch(n: int, elem_bytes: int, vec: int, direction: str, op: str, few_rows: bool = False,
+                   residual: bool = False) -> tuple[Launch, int]:  # fmt: skip
+    """(launch shape, dynamic shared memory bytes), valid by construction: ValueError otherwise."""
+    launch = launch_shape(n, elem_bytes, vec, direction, op, few_rows)
+    smem = shared_memory_bytes(launch, elem_bytes, op, direction, residual)
+    what = f"{op} {direction} at N = {n} with {elem_bytes}-byte elements" + (" and a residual row" if residual else "")
+    check_launch(launch, n, smem, what)
+    return launch, smem
 
 
 def vector_width(n: int, dtype: torch.dtype, *tensors: torch.Tensor) -> int:
-    """Widest vector (<= 128 bits) that N, every row stride and every base pointer allow."""
-    elem = torch.finfo(dtype).bits // 8
-    vec = 16 // elem
+    """Widest vector of x's dtype (<= 128 bits) that N, every row stride and every base pointer
+    allow. Every tensor's pointer must be aligned to one vector of its own elements: an fp32 weight
+    beside 16-bit x is read 8 elements (32 bytes, two 128-bit loads) per vector of x."""
+    vec = 16 // dtype.itemsize
     for v in (n, *(t.stride(0) for t in tensors if t.dim() == 2 and t.shape[0] > 1)):
         vec = math.gcd(vec, v)
-    for t in tensors:
-        vec = math.gcd(vec, (t.data_ptr() // elem) if t.data_ptr() % elem == 0 else 1)
+    while vec > 1 and any(t.data_ptr() % (vec * t.element_size()) for t in tensors):
+        vec //= 2
     return vec
 
 
@@ -363,17 +519,22 @@ def _broadcast_rows(mV: cute.Tensor, rows: int) -> cute.Tensor:
 
 # ============================================================================ forward
 class NormForward:
-    def __init__(self, dtype, n: int, launch: Launch, layernorm: bool):
-        self.dtype, self.n, self.launch, self.layernorm = dtype, n, launch, layernorm
-        self.op = "layernorm" if layernorm else "rmsnorm"
+    """``residual``: add_rmsnorm, h = x + residual rounded to x's dtype, stored as residual_out and
+    normalised as stored. ``weight`` / ``bias`` arrive in their own dtype (x's or fp32)."""
+
+    def __init__(self, dtype, n: int, launch: Launch, layernorm: bool, residual: bool = False):
+        self.dtype, self.n, self.launch, self.layernorm, self.residual = dtype, n, launch, layernorm, residual
+        self.op = "layernorm" if layernorm else ("add_rmsnorm" if residual else "rmsnorm")
 
     @cute.jit
     def __call__(
         self,
         mX: cute.Tensor,
+        mR: cute.Tensor,  # residual, or None
         mW: cute.Tensor,  # or None
         mB: cute.Tensor,  # or None
         mY: cute.Tensor,
+        mH: cute.Tensor,  # residual_out, or None
         mRstd: cute.Tensor,
         mMean: cute.Tensor,  # or None
         eps: Float32,
@@ -381,7 +542,7 @@ class NormForward:
     ):
         L = self.launch
         tiled = _tiled_copy(self.dtype, L)
-        self.kernel(mX, mW, mB, mY, mRstd, mMean, eps, tiled).launch(
+        self.kernel(mX, mR, mW, mB, mY, mH, mRstd, mMean, eps, tiled).launch(
             grid=[cute.ceil_div(mX.shape[0], L.rows_per_cta), L.cluster_n, 1],
             block=[L.num_threads, 1, 1],
             cluster=[1, L.cluster_n, 1] if const_expr(L.cluster_n > 1) else None,
@@ -393,7 +554,7 @@ class NormForward:
         )
 
     @cute.kernel
-    def kernel(self, mX, mW, mB, mY, mRstd, mMean, eps: Float32, tiled: cute.TiledCopy):
+    def kernel(self, mX, mR, mW, mB, mY, mH, mRstd, mMean, eps: Float32, tiled: cute.TiledCopy):
         L = const_expr(self.launch)
         n = const_expr(self.n)
         tiler = (L.rows_per_cta, L.chunk)
@@ -402,13 +563,14 @@ class NormForward:
         if const_expr(L.cluster_n == 1):
             rank = 0
 
+        # allocation order: shared_memory_bytes() mirrors it
         smem = cutlass.utils.SmemAllocator()
-        sX = None
+        sX, sR = None, None
         if const_expr(L.stage_x):
             sX = smem.allocate_tensor(self.dtype, cute.make_ordered_layout(tiler, order=(1, 0)), byte_alignment=16)
-        # slots: RMSNorm's sum of squares; LayerNorm's sum and centred sum of squares, or its
-        # (count, mean, M2) triple (one_exchange)
-        slots = 3 if const_expr(L.one_exchange) else (2 if const_expr(self.layernorm) else 1)
+            if const_expr(self.residual):
+                sR = smem.allocate_tensor(self.dtype, cute.make_ordered_layout(tiler, order=(1, 0)), byte_alignment=16)
+        slots = const_expr(_reduction_slots(self.op, "fwd", L))
         sbuf = smem.allocate_tensor(Float32, _reduction_buffer_layout(L, slots), byte_alignment=16)
         mbar = None
         if const_expr(L.cluster_n > 1):
@@ -423,6 +585,10 @@ class NormForward:
         tXgX = thr.partition_S(cute.local_tile(mX, tiler, (bidx, rank)))
         tXgY = thr.partition_D(cute.local_tile(mY, tiler, (bidx, rank)))
         tXcX = thr.partition_S(cute.local_tile(cute.make_identity_tensor(mX.shape), tiler, (bidx, rank)))
+        tXgR, tXgH = None, None
+        if const_expr(self.residual):
+            tXgR = thr.partition_S(cute.local_tile(mR, tiler, (bidx, rank)))
+            tXgH = thr.partition_D(cute.local_tile(mH, tiler, (bidx, rank)))
         # When the cluster's tiles cover the row exactly, every vector is in the row: no predicate.
         whole_row = const_expr(L.cluster_n * L.chunk == n)
         in_row = None if const_expr(whole_row) else column_predicate(tXcX, n)
@@ -430,31 +596,45 @@ class NormForward:
         atom = _copy_atom(self.dtype, L.vec)
 
         rX = cute.make_rmem_tensor_like(tXgX)
-        tXsX = None
+        rR = cute.make_rmem_tensor_like(tXgX) if const_expr(self.residual) else None
+        tXsX, tXsR = None, None
         if const_expr(L.stage_x):
             # Each thread later reads back only the vectors its own cp.asyncs wrote: no CTA barrier.
             tXsX = thr.partition_D(sX)
+            async_atom = _copy_atom(self.dtype, L.vec, async_copy=True)
+            if const_expr(self.residual):
+                tXsR = thr.partition_D(sR)
             if row < M:
-                cute.copy(_copy_atom(self.dtype, L.vec, async_copy=True), tXgX, tXsX, pred=in_row)
+                cute.copy(async_atom, tXgX, tXsX, pred=in_row)
+                if const_expr(self.residual):
+                    cute.copy(async_atom, tXgR, tXsR, pred=in_row)
             cute.arch.cp_async_commit_group()
         else:
             rX.fill(0.0)  # columns past N read as 0 and drop out of the sums
+            if const_expr(self.residual):
+                rR.fill(0.0)
             if row < M:
                 cute.copy(atom, tXgX, rX, pred=in_row)
+                if const_expr(self.residual):
+                    cute.copy(atom, tXgR, rR, pred=in_row)
         rW, rB = None, None
         if const_expr(not L.late_weights):
-            rW = load_weight(mW, atom, thr, tiler, rank, tXgX, in_row, L.rows_per_cta)
-            rB = load_weight(mB, atom, thr, tiler, rank, tXgX, in_row, L.rows_per_cta)
+            rW = load_weight(mW, L, thr, tiler, rank, tXgX, in_row)
+            rB = load_weight(mB, L, thr, tiler, rank, tXgX, in_row)
         if const_expr(L.cluster_n > 1):
             cute.arch.cluster_wait()
         if const_expr(L.stage_x):
             cute.arch.cp_async_wait_group(0)
             read_staged(tXsX, rX, atom, in_row)
+        if const_expr(self.residual):
+            if const_expr(L.stage_x):
+                read_staged(tXsR, rR, atom, in_row)
+            add_residual(rX, rR, tXgH, tXsX, atom, in_row, row < M)
         inv_n = const_expr(1.0 / n)
         mean = Float32(0.0)
         if const_expr(L.one_exchange):
             _, mean, m2 = row_moments(thread_moments(rX, in_row, L), L, sbuf, 0, mbar, 0)
-            rstd = cute.math.rsqrt(m2 * inv_n + eps)
+            rstd = rstd_or_nan(m2 * inv_n, eps)
         elif const_expr(self.layernorm):
             # one CTA per row (cluster_n == 1): two barrier-separated CTA reductions
             (total,) = row_allreduce((rX.load().to(Float32).reduce(cute.ReductionOp.ADD, Float32(0.0), 0),),
@@ -472,11 +652,11 @@ class NormForward:
                             rXc[(v, 0), 0, k] = Float32(0.0)
             xc = rXc.load()
             (ssq,) = row_allreduce(((xc * xc).reduce(cute.ReductionOp.ADD, Float32(0.0), 0),), L, sbuf, 1, None, 0)
-            rstd = cute.math.rsqrt(ssq * inv_n + eps)
+            rstd = rstd_or_nan(ssq * inv_n, eps)
         else:
             x = rX.load().to(Float32)
             (ssq,) = row_allreduce(((x * x).reduce(cute.ReductionOp.ADD, Float32(0.0), 0),), L, sbuf, 0, mbar, 0)
-            rstd = cute.math.rsqrt(ssq * inv_n + eps)
+            rstd = rstd_or_nan(ssq * inv_n, eps)
         if const_expr(L.one_exchange):
             # y one vector at a time: x from shared memory, weight and bias from L2, so only one
             # vector of each is live (all of them at once cost 80 registers, 3 CTAs per SM).
@@ -486,13 +666,13 @@ class NormForward:
                 cute.local_tile(_broadcast_rows(mB, L.rows_per_cta), tiler, (0, rank)))
             for k in cutlass.range_constexpr(L.vecs_per_thread):
                 if const_expr(whole_row):
-                    normalize_vector(tXsX, tXgW, tXgB, tXgY, k, mean, rstd, atom, row < M)
+                    normalize_vector(tXsX, tXgW, tXgB, tXgY, k, mean, rstd, atom, L.vec, row < M)
                 else:
-                    normalize_vector(tXsX, tXgW, tXgB, tXgY, k, mean, rstd, atom, row < M and in_row[0, 0, k])
+                    normalize_vector(tXsX, tXgW, tXgB, tXgY, k, mean, rstd, atom, L.vec, row < M and in_row[0, 0, k])
         else:
             if const_expr(L.late_weights):
-                rW = load_weight(mW, atom, thr, tiler, rank, tXgX, in_row, L.rows_per_cta)
-                rB = load_weight(mB, atom, thr, tiler, rank, tXgX, in_row, L.rows_per_cta)
+                rW = load_weight(mW, L, thr, tiler, rank, tXgX, in_row)
+                rB = load_weight(mB, L, thr, tiler, rank, tXgX, in_row)
             if const_expr(L.stage_x):
                 read_staged(tXsX, rX, atom, in_row)
             y = rX.load().to(Float32) * rstd
@@ -514,31 +694,52 @@ class NormForward:
 
 
 @cute.jit
-def normalize_vector(tXsX, tXgW, tXgB, tXgY, k: cutlass.Constexpr, mean, rstd, atom, valid: Boolean):
+def rstd_or_nan(var: Float32, eps: Float32) -> Float32:
+    """1 / sqrt(var + eps), NaN where var is +inf: x^2 overflowed fp32 (|x| > 1.8e19), and
+    rsqrt(inf) = 0 would turn the row into a finite y = b (or 0). torch's LayerNorm gives NaN there;
+    its RMSNorm gives 0, a finite wrong number, which this does not copy."""
+    return Float32(cutlass.select_(var == Float32(math.inf), Float32(math.nan), cute.math.rsqrt(var + eps)))
+
+
+@cute.jit
+def add_residual(rX: cute.Tensor, rR: cute.Tensor, tXgH: cute.Tensor, tXsX, atom, in_row, valid: Boolean):
+    """rX <- h = x + residual, summed in fp32 and rounded once to x's dtype: the value the unfused
+    model stores, so the statistics and y below see exactly what rmsnorm(residual_out) would.
+    h is written out as residual_out and, when x is staged, over x's vectors in shared memory
+    (this thread's own: no barrier), which the later passes re-read."""
+    rX.store((rX.load().to(Float32) + rR.load().to(Float32)).to(rX.element_type))
+    if valid:
+        cute.copy(atom, rX, tXgH, pred=in_row)
+    if const_expr(tXsX is not None):
+        cute.autovec_copy(rX, tXsX)
+
+
+@cute.jit
+def normalize_vector(tXsX, tXgW, tXgB, tXgY, k: cutlass.Constexpr, mean, rstd, atom, vec: cutlass.Constexpr,
+                     valid: Boolean):  # fmt: skip
     """y = (x - mean) * rstd * w + b for this thread's k-th vector (LayerNorm, x staged)."""
     if valid:
         rX = cute.make_rmem_tensor_like(tXgY[None, None, k])
         cute.autovec_copy(tXsX[None, None, k], rX)
         y = (rX.load().to(Float32) - mean) * rstd
-        if const_expr(tXgW is not None):
-            rW = cute.make_rmem_tensor_like(rX)
-            cute.copy(atom, tXgW[None, None, k], rW)
-            y = y * rW.load().to(Float32)
-        if const_expr(tXgB is not None):
-            rB = cute.make_rmem_tensor_like(rX)
-            cute.copy(atom, tXgB[None, None, k], rB)
-            y = y + rB.load().to(Float32)
+        for tXgV, is_bias in ((tXgW, False), (tXgB, True)):
+            if const_expr(tXgV is not None):
+                rV = cute.make_rmem_tensor_like(tXgV[None, None, k])
+                cute.copy(_copy_atom(tXgV.element_type, vec), tXgV[None, None, k], rV)
+                y = y + rV.load().to(Float32) if const_expr(is_bias) else y * rV.load().to(Float32)
         rX.store(y.to(rX.element_type))
         cute.copy(atom, rX, tXgY[None, None, k])
 
 
-def load_weight(mV, atom, thr, tiler, rank, like: cute.Tensor, in_row, rows: int):
-    """This thread's vectors of a weight / bias row (None stays None)."""
+def load_weight(mV, launch: Launch, thr, tiler, rank, like: cute.Tensor, in_row):
+    """This thread's vectors of a weight / bias row, in the row's own dtype (None stays None). An
+    fp32 row beside 16-bit x takes two 128-bit loads per vector of x."""
     if const_expr(mV is None):
         return None
-    rV = cute.make_rmem_tensor_like(like)
+    rV = cute.make_rmem_tensor_like(like, mV.element_type)
     rV.fill(0.0)
-    cute.copy(atom, thr.partition_S(cute.local_tile(_broadcast_rows(mV, rows), tiler, (0, rank))), rV, pred=in_row)
+    src = thr.partition_S(cute.local_tile(_broadcast_rows(mV, launch.rows_per_cta), tiler, (0, rank)))
+    cute.copy(_copy_atom(mV.element_type, launch.vec), src, rV, pred=in_row)
     return rV
 
 
@@ -551,28 +752,17 @@ def read_staged(tXsX: cute.Tensor, rX: cute.Tensor, atom, in_row):
 
 # ============================================================================ backward
 @cute.jit
-def load_tile(atom, gX, gDY, sX, sDY, zero: cute.Tensor, in_row: cute.Tensor, valid: Boolean):
-    """One ring stage of x and dy (this thread's vectors). Rows past M are zero-filled instead:
-    dy = 0 makes them contribute nothing to the sums or to dweight / dbias."""
+def load_tile(atom, srcs: tuple, dsts: tuple, zero: cute.Tensor, in_row: cute.Tensor, valid: Boolean):
+    """One ring stage of the row tensors (x and dy, and dresidual_out: this thread's vectors). Rows
+    past M are zero-filled instead: dy = 0 makes them contribute nothing to the sums or to dweight /
+    dbias."""
     if valid:
-        cute.copy(atom, gX, sX, pred=in_row)
-        cute.copy(atom, gDY, sDY, pred=in_row)
+        for src, dst in zip(srcs, dsts):
+            cute.copy(atom, src, dst, pred=in_row)
     else:
-        cute.autovec_copy(zero, sX)
-        cute.autovec_copy(zero, sDY)
+        for dst in dsts:
+            cute.autovec_copy(zero, dst)
     cute.arch.cp_async_commit_group()
-
-
-def backward_occupancy(launch: Launch, elem_bytes: int, acc_bytes: int = 0) -> tuple[int, int]:
-    """(CTAs per SM, ring stages). The CTA count is promised to ptxas (min blocks per SM), which
-    caps the registers so that many CTAs really are resident: the persistent grid is sized by it.
-    ``acc_bytes``: shared memory a CTA keeps for an accumulator (LayerNorm's dbias, see below)."""
-    ctas = max(1, 512 // launch.num_threads)
-    stage_bytes = 2 * launch.rows_per_cta * launch.chunk * elem_bytes
-    while ctas > 1 and (2 * stage_bytes + acc_bytes) * ctas > _SMEM_BUDGET:
-        ctas //= 2
-    # fp32 at N = 262144 fits a single stage (128 KB per CTA): correct, but loads do not overlap
-    return ctas, max(1, min(4, (_SMEM_BUDGET - acc_bytes * ctas) // (stage_bytes * ctas)))
 
 
 def max_resident(compiled, kernel, num_sms: int) -> int:
@@ -583,12 +773,12 @@ def max_resident(compiled, kernel, num_sms: int) -> int:
     from cuda.bindings import driver
 
     L = kernel.launch
-    fallback = max(1, num_sms * kernel.ctas_per_sm // L.cluster_n)
+    fallback = max(1, num_sms * kernel.ring.ctas_per_sm // L.cluster_n)
     try:
         err, lib = driver.cuLibraryLoadData(compiled.artifacts.CUBIN, None, None, 0, None, None, 0)
         err, kernels = driver.cuLibraryEnumerateKernels(1, lib)
         err, func = driver.cuKernelGetFunction(kernels[0])
-        smem = kernel.smem_bytes()
+        smem = kernel.smem
         attr = driver.CUfunction_attribute
         driver.cuFuncSetAttribute(func, attr.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem)
         if L.cluster_n == 1:
@@ -610,22 +800,15 @@ def max_resident(compiled, kernel, num_sms: int) -> int:
 
 
 class NormBackward:
-    def __init__(self, dtype, n: int, launch: Launch, layernorm: bool):
-        self.dtype, self.n, self.launch, self.layernorm = dtype, n, launch, layernorm
-        # A chunk of more than 16 KB leaves each CTA more fp32 dweight + dbias accumulators than 128
-        # registers hold: dbias then accumulates in shared memory (each thread its own columns, so
-        # no barrier).
-        elem = dtype.width // 8
-        self.dbias_in_smem = layernorm and launch.chunk * elem > _DBIAS_SMEM_ABOVE_BYTES
-        self.acc_bytes = launch.rows_per_cta * launch.chunk * 4 if self.dbias_in_smem else 0
-        self.ctas_per_sm, self.stages = backward_occupancy(launch, elem, self.acc_bytes)
+    """``residual``: add_rmsnorm's dresidual_out is given; it rides the ring beside x and dy and is
+    added to dx in fp32, before dh's single rounding. The weight arrives in its own dtype."""
 
-    def smem_bytes(self) -> int:
-        """Dynamic shared memory of one CTA (as the allocator lays it out, rounded up)."""
-        L = self.launch
-        ring = 2 * L.rows_per_cta * L.chunk * self.stages * self.dtype.width // 8
-        sbuf = L.rows_per_cta * L.warps_per_row * L.cluster_n * (4 if self.layernorm else 2) * 4
-        return ring + self.acc_bytes + sbuf + 16 + 128
+    def __init__(self, dtype, n: int, launch: Launch, layernorm: bool, residual: bool = False):
+        self.dtype, self.n, self.launch, self.layernorm, self.residual = dtype, n, launch, layernorm, residual
+        self.op = "layernorm" if layernorm else "rmsnorm"
+        elem = dtype.width // 8
+        self.ring = backward_ring(launch, elem, self.op, residual)
+        self.smem = shared_memory_bytes(launch, elem, self.op, "bwd", residual)
 
     @cute.jit
     def __call__(
@@ -635,6 +818,7 @@ class NormBackward:
         mW: cute.Tensor,  # or None
         mRstd: cute.Tensor,
         mMean: cute.Tensor,  # or None
+        mDR: cute.Tensor,  # dresidual_out, or None
         mDX: cute.Tensor,
         mDWp: cute.Tensor,  # fp32 (groups * rows_per_cta, N) partials of dweight, or None
         mDBp: cute.Tensor,  # same for dbias, or None
@@ -642,22 +826,22 @@ class NormBackward:
         stream: cuda.CUstream,
     ):
         L = self.launch
-        self.kernel(mDY, mX, mW, mRstd, mMean, mDX, mDWp, mDBp,
+        self.kernel(mDY, mX, mW, mRstd, mMean, mDR, mDX, mDWp, mDBp,
                     _tiled_copy(self.dtype, L, async_copy=True), _tiled_copy(self.dtype, L)).launch(
             grid=[groups, L.cluster_n, 1],
             block=[L.num_threads, 1, 1],
             cluster=[1, L.cluster_n, 1] if const_expr(L.cluster_n > 1) else None,
-            min_blocks_per_mp=self.ctas_per_sm,
+            min_blocks_per_mp=self.ring.ctas_per_sm,
             preferred_smem_carveout=100,
             stream=stream,
         )
 
     @cute.kernel
-    def kernel(self, mDY, mX, mW, mRstd, mMean, mDX, mDWp, mDBp,
+    def kernel(self, mDY, mX, mW, mRstd, mMean, mDR, mDX, mDWp, mDBp,
                tiled_load: cute.TiledCopy, tiled_store: cute.TiledCopy):
         L = const_expr(self.launch)
         n = const_expr(self.n)
-        S = const_expr(self.stages)
+        S = const_expr(self.ring.stages)
         nvals = const_expr(2 if self.layernorm else 1)
         tiler = (L.rows_per_cta, L.chunk)
         tidx, _, _ = cute.arch.thread_idx()
@@ -666,14 +850,18 @@ class NormBackward:
         if const_expr(L.cluster_n == 1):
             rank = 0
 
+        # allocation order: shared_memory_bytes() mirrors it
         smem = cutlass.utils.SmemAllocator()
         ring = cute.make_ordered_layout((L.rows_per_cta, L.chunk, S), order=(1, 0, 2))
         sX = smem.allocate_tensor(self.dtype, ring, byte_alignment=16)
         sDY = smem.allocate_tensor(self.dtype, ring, byte_alignment=16)
+        sDR = None
+        if const_expr(self.residual):
+            sDR = smem.allocate_tensor(self.dtype, ring, byte_alignment=16)
         # two reduction stages (row-iteration parity), nvals values each
         sbuf = smem.allocate_tensor(Float32, _reduction_buffer_layout(L, 2 * nvals), byte_alignment=16)
         sDB = None
-        if const_expr(self.dbias_in_smem):
+        if const_expr(self.ring.dbias_in_smem):
             sDB = smem.allocate_tensor(Float32, cute.make_ordered_layout(tiler, order=(1, 0)), byte_alignment=16)
         mbar = None
         if const_expr(L.cluster_n > 1):
@@ -693,6 +881,10 @@ class NormBackward:
         tXcX = ld.partition_S(cute.local_tile(cute.make_identity_tensor(mX.shape), tiler, (None, rank)))
         tXsX = ld.partition_D(sX)  # (..., stage)
         tXsDY = ld.partition_D(sDY)
+        gRing, sRing = (tXgX, tXgDY), (tXsX, tXsDY)
+        if const_expr(self.residual):
+            gRing = (tXgX, tXgDY, ld.partition_S(cute.local_tile(mDR, tiler, (None, rank))))
+            sRing = (tXsX, tXsDY, ld.partition_D(sDR))
         in_row = column_predicate(tXcX[None, None, None, 0], n)
         atom_load = _copy_atom(self.dtype, L.vec, async_copy=True)
         atom = _copy_atom(self.dtype, L.vec)
@@ -702,30 +894,30 @@ class NormBackward:
         zero = cute.make_rmem_tensor_like(tXsX[None, None, None, 0])
         zero.fill(0.0)
         for s in cutlass.range_constexpr(S):
-            cute.autovec_copy(zero, tXsX[None, None, None, s])
-            cute.autovec_copy(zero, tXsDY[None, None, None, s])
+            for tXs in sRing:
+                cute.autovec_copy(zero, tXs[None, None, None, s])
 
         for s in cutlass.range_constexpr(S - 1):
             early = bidx + s * groups
-            load_tile(atom_load, tXgX[None, None, None, early], tXgDY[None, None, None, early],
-                      tXsX[None, None, None, s], tXsDY[None, None, None, s], zero, in_row,
+            load_tile(atom_load, tuple(g[None, None, None, early] for g in gRing),
+                      tuple(t[None, None, None, s] for t in sRing), zero, in_row,
                       early < num_tiles and tXcX[0, 0, 0, early][0] < M)
 
-        rW = cute.make_rmem_tensor_like(zero)
+        rW = cute.make_rmem_tensor_like(zero, Float32)
         rW.fill(1.0)
         if const_expr(mW is not None):
-            rW.fill(0.0)
-            cute.copy(atom, st.partition_S(cute.local_tile(_broadcast_rows(mW, L.rows_per_cta), tiler, (0, rank))), rW, pred=in_row)
+            rW = load_weight(mW, L, st, tiler, rank, zero, in_row)
         rDW = cute.make_rmem_tensor_like(zero, Float32)
         rDW.fill(0.0)
         rDB = cute.make_rmem_tensor_like(zero, Float32)
         rDB.fill(0.0)
         tXsDB = None
-        if const_expr(self.dbias_in_smem):
+        if const_expr(self.ring.dbias_in_smem):
             tXsDB = st.partition_D(sDB)
             cute.autovec_copy(rDB, tXsDB)
         rX = cute.make_rmem_tensor_like(zero)
         rDY = cute.make_rmem_tensor_like(zero)
+        rDR = cute.make_rmem_tensor_like(zero) if const_expr(self.residual) else None
         rDX = cute.make_rmem_tensor_like(zero)
         if const_expr(L.cluster_n > 1):
             cute.arch.cluster_wait()
@@ -734,8 +926,8 @@ class NormBackward:
         it = Int32(0)
         for tile in cutlass.range(bidx, num_tiles, groups, unroll=1):
             ahead, ahead_stage = tile + (S - 1) * groups, (it + S - 1) % S
-            load_tile(atom_load, tXgX[None, None, None, ahead], tXgDY[None, None, None, ahead],
-                      tXsX[None, None, None, ahead_stage], tXsDY[None, None, None, ahead_stage], zero, in_row,
+            load_tile(atom_load, tuple(g[None, None, None, ahead] for g in gRing),
+                      tuple(t[None, None, None, ahead_stage] for t in sRing), zero, in_row,
                       ahead < num_tiles and tXcX[0, 0, 0, ahead][0] < M)
             row = tXcX[0, 0, 0, tile][0]
             rstd, mean = Float32(0.0), Float32(0.0)
@@ -771,22 +963,25 @@ class NormBackward:
                 dx = (g - xhat * c1 - c2) * rstd
             else:
                 dx = (g - xhat * c1) * rstd
+            if const_expr(self.residual):
+                cute.autovec_copy(sRing[2][None, None, None, stage], rDR)
+                dx = dx + rDR.load().to(Float32)
             rDX.store(dx.to(self.dtype))
             if row < M:
                 cute.copy(atom, rDX, tXgDX[None, None, None, tile], pred=in_row)
             if const_expr(mDWp is not None):
                 rDW.store(rDW.load() + dy * xhat)
             if const_expr(mDBp is not None):
-                if const_expr(self.dbias_in_smem):
+                if const_expr(self.ring.dbias_in_smem):
                     cute.autovec_copy(tXsDB, rDB)
                 rDB.store(rDB.load() + dy)
-                if const_expr(self.dbias_in_smem):
+                if const_expr(self.ring.dbias_in_smem):
                     cute.autovec_copy(rDB, tXsDB)
             it += 1
 
         # One partial row per (CTA, row slot): every column < N of every slot is written.
         slot_tiler = (L.rows_per_cta, L.chunk)
-        if const_expr(self.dbias_in_smem):
+        if const_expr(self.ring.dbias_in_smem):
             cute.autovec_copy(tXsDB, rDB)
         for acc, mP in ((rDW, mDWp), (rDB, mDBp)):
             if const_expr(mP is not None):
@@ -802,62 +997,76 @@ _COMPILED: dict[tuple, object] = {}
 _RESIDENT: dict[tuple, int] = {}  # backward key -> CTAs (clusters) resident at once: the grid
 
 
-def _fake(dtype, shape, vec: int, row_stride_div: int | None = None):
-    stride = (cute.sym_int64(divisibility=row_stride_div or vec), 1) if len(shape) == 2 else (1,)
+def _fake(dtype, shape, vec: int):
+    """A symbolic tensor: rows of a symbolic stride that is a multiple of vec, the base pointer
+    aligned to one vector (vector_width checks both)."""
+    stride = (cute.sym_int64(divisibility=vec), 1) if len(shape) == 2 else (1,)
     return cute.runtime.make_fake_tensor(dtype, shape, stride=stride, assumed_align=vec * dtype.width // 8)
 
 
 @lru_cache(maxsize=None)
-def kernel_key(op: str, direction: str, dtype: torch.dtype, n: int, vec: int, affine: bool, bias: bool = False,
-               few_rows: bool = False) -> tuple:  # fmt: skip
-    """The compile cache's key: the launch shape stands for ``few_rows``, so that a few-rows call
-    whose launch is the usual one shares its kernel. Cached: the contract calls it on every call."""
-    return (op, direction, dtype, n, vec, affine, bias, launch_shape(n, dtype.itemsize, vec, direction, op, few_rows))
+def kernel_key(op: str, direction: str, dtype: torch.dtype, n: int, vec: int, wdtype: torch.dtype | None,
+               bdtype: torch.dtype | None = None, residual: bool = False, few_rows: bool = False) -> tuple:  # fmt: skip
+    """The compile cache's key. ``wdtype`` / ``bdtype``: the weight's / bias's dtype (None: absent).
+    ``residual``: add_rmsnorm's dresidual_out is given (backward; the forward always has its
+    residual). The launch shape stands for ``few_rows``, so that a few-rows call whose launch is the
+    usual one shares its kernel. The launch is checked here (ValueError), before any compile or
+    launch. Cached: the contract calls it on every call."""
+    if op == "add_rmsnorm":  # the forward always reads a residual; the backward is RMSNorm's (+ dresidual_out)
+        op, residual = ("add_rmsnorm", True) if direction == "fwd" else ("rmsnorm", residual)
+    launch, _ = planned_launch(n, dtype.itemsize, vec, direction, op, few_rows, residual)
+    return (op, direction, dtype, n, vec, wdtype, bdtype, residual, launch)
 
 
-def compile_kernel(op: str, direction: str, dtype: torch.dtype, n: int, vec: int, affine: bool, bias: bool = False,
-                   few_rows: bool = False):  # fmt: skip
+def compile_kernel(key: tuple):
     """The compiled kernel for this key (compiled once; a new M reuses it, except that a forward
     whose launch shape differs for few rows has a second variant for them)."""
-    key = kernel_key(op, direction, dtype, n, vec, affine, bias, few_rows)
     if key in _COMPILED:
         return _COMPILED[key]
     t0 = time.perf_counter()
-    cdt, launch = _TORCH2CUTE[dtype], key[-1]
+    op, direction, dtype, n, vec, wdtype, bdtype, residual, launch = key
+    cdt = _TORCH2CUTE[dtype]
     layer = op == "layernorm"
     m = cute.sym_int()
     x = _fake(cdt, (m, n), vec)
-    w = _fake(cdt, (n,), vec) if affine else None
+    w = _fake(_TORCH2CUTE[wdtype], (n,), vec) if wdtype is not None else None
     rstd = _fake(Float32, (m,), 1)
     mean = _fake(Float32, (m,), 1) if layer else None
+    res = _fake(cdt, (m, n), vec) if residual else None
     stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=_HAS_TVM_FFI)
     options = "--enable-tvm-ffi" if _HAS_TVM_FFI else ""
     if direction == "fwd":
-        b = _fake(cdt, (n,), vec) if bias else None
-        y = _fake(cdt, (m, n), vec)
-        fn = cute.compile(NormForward(cdt, n, launch, layer), x, w, b, y, rstd, mean, Float32(0.0), stream, options=options)
+        b = _fake(_TORCH2CUTE[bdtype], (n,), vec) if bdtype is not None else None
+        h = _fake(cdt, (m, n), vec) if residual else None
+        kernel = NormForward(cdt, n, launch, layer, residual)
+        fn = cute.compile(kernel, x, res, w, b, _fake(cdt, (m, n), vec), h, rstd, mean, Float32(0.0), stream,
+                          options=options)
     else:
         slots = cute.sym_int()
         pdiv = math.gcd(n, 4)
-        dwp = _fake(Float32, (slots, n), pdiv) if affine else None
+        dwp = _fake(Float32, (slots, n), pdiv) if wdtype is not None else None
         dbp = _fake(Float32, (slots, n), pdiv) if layer else None
-        kernel = NormBackward(cdt, n, launch, layer)
+        kernel = NormBackward(cdt, n, launch, layer, residual)
         with tempfile.TemporaryDirectory() as dump:  # keep the cubin: max_resident() asks the driver about it
-            fn = cute.compile(kernel, _fake(cdt, (m, n), vec), x, w, rstd, mean, _fake(cdt, (m, n), vec),
+            fn = cute.compile(kernel, _fake(cdt, (m, n), vec), x, w, rstd, mean, res, _fake(cdt, (m, n), vec),
                               dwp, dbp, Int32(1), stream, options=f"{options} --keep-cubin --dump-dir={dump}")
     COMPILE_SECONDS[key] = time.perf_counter() - t0
-    _COMPILED[key] = (fn, launch if direction == "fwd" else kernel)
+    _COMPILED[key] = (fn, kernel)
     return _COMPILED[key]
 
 
-def compile_only(op: str, direction: str, dtype: torch.dtype, n: int, vec: int | None = None, affine: bool = True,
+def compile_only(op: str, direction: str, dtype: torch.dtype, n: int, vec: int | None = None,
+                 wdtype: torch.dtype | None | str = "x", residual: bool = False,
                  few_rows: bool = False) -> float:  # fmt: skip
-    """Compile one variant without a GPU (set CUTE_DSL_ARCH=sm_90a); returns compile seconds."""
-    elem = torch.finfo(dtype).bits // 8
-    vec = vec or math.gcd(n, 16 // elem)
-    bias = op == "layernorm" and direction == "fwd" and affine
-    compile_kernel(op, direction, dtype, n, vec, affine, bias, few_rows)
-    return COMPILE_SECONDS[kernel_key(op, direction, dtype, n, vec, affine, bias, few_rows)]
+    """Compile one variant without a GPU (set CUTE_DSL_ARCH=sm_90a); returns compile seconds.
+    ``wdtype``: the weight's dtype, "x" for x's own, None for no affine (the LayerNorm forward's
+    bias takes the weight's)."""
+    vec = vec or math.gcd(n, 16 // dtype.itemsize)
+    wdtype = dtype if wdtype == "x" else wdtype
+    bdtype = wdtype if op == "layernorm" and direction == "fwd" else None
+    key = kernel_key(op, direction, dtype, n, vec, wdtype, bdtype, residual, few_rows)
+    compile_kernel(key)
+    return COMPILE_SECONDS[key]
 
 
 # ============================================================================ the contract
@@ -866,31 +1075,39 @@ def _num_sms(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
-def _check_call():
+def _check_call(m: int):
     if not _HAS_TVM_FFI:
         raise RuntimeError("impls.cute calls its kernels through TVM-FFI: pip install apache-tvm-ffi")
+    if m > MAX_ROWS:
+        raise ValueError(f"impls.cute: {m} rows; the kernels take M as a 32-bit integer (at most {MAX_ROWS})")
 
 
-def _forward(op, x, weight, bias, eps):
-    _check_call()
+def _dtype(t):
+    return None if t is None else t.dtype
+
+
+def _forward(op, x, residual, weight, bias, eps):
     m, n = x.shape
+    _check_call(m)
     y = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    h = torch.empty((m, n), dtype=x.dtype, device=x.device) if residual is not None else None
     rstd = torch.empty(m, dtype=torch.float32, device=x.device)
     mean = torch.empty(m, dtype=torch.float32, device=x.device) if op == "layernorm" else None
-    vec = vector_width(n, x.dtype, *(t for t in (x, y, weight, bias) if t is not None))
+    vec = vector_width(n, x.dtype, *(t for t in (x, residual, y, h, weight, bias) if t is not None))
     few_rows = m <= _num_sms(x.device.index or 0)
-    fn, _ = compile_kernel(op, "fwd", x.dtype, n, vec, weight is not None, bias is not None, few_rows)
-    fn(x, weight, bias, y, rstd, mean, eps)
-    return y, mean, rstd
+    key = kernel_key(op, "fwd", x.dtype, n, vec, _dtype(weight), _dtype(bias), residual is not None, few_rows)
+    fn, _ = compile_kernel(key)
+    fn(x, residual, weight, bias, y, h, rstd, mean, eps)
+    return y, h, mean, rstd
 
 
-def _backward(op, dy, x, weight, rstd, mean):
-    _check_call()
+def _backward(op, dy, x, weight, rstd, mean, dresidual=None):
     m, n = x.shape
+    _check_call(m)
     dx = torch.empty((m, n), dtype=x.dtype, device=x.device)
-    vec = vector_width(n, x.dtype, *(t for t in (dy, x, dx, weight) if t is not None))
-    key = (op, x.dtype, n, vec, weight is not None)
-    fn, kernel = compile_kernel(op, "bwd", x.dtype, n, vec, weight is not None)
+    vec = vector_width(n, x.dtype, *(t for t in (dy, x, dresidual, dx, weight) if t is not None))
+    key = kernel_key(op, "bwd", x.dtype, n, vec, _dtype(weight), None, dresidual is not None)
+    fn, kernel = compile_kernel(key)
     launch = kernel.launch
     if key not in _RESIDENT:
         _RESIDENT[key] = max_resident(fn, kernel, _num_sms(x.device.index or 0))
@@ -898,14 +1115,16 @@ def _backward(op, dy, x, weight, rstd, mean):
     slots = groups * launch.rows_per_cta
     dwp = torch.empty((slots, n), dtype=torch.float32, device=x.device) if weight is not None else None
     dbp = torch.empty((slots, n), dtype=torch.float32, device=x.device) if op == "layernorm" else None
-    fn(dy, x, weight, rstd, mean, dx, dwp, dbp, groups)
-    dw = dwp.sum(0).to(x.dtype) if dwp is not None else None
-    db = dbp.sum(0).to(x.dtype) if dbp is not None else None
+    fn(dy, x, weight, rstd, mean, dresidual, dx, dwp, dbp, groups)
+    # reduced in fp32 over the slots, then rounded once to the parameter's dtype (x's or fp32)
+    pdtype = x.dtype if weight is None else weight.dtype
+    dw = dwp.sum(0).to(pdtype) if dwp is not None else None
+    db = dbp.sum(0).to(pdtype) if dbp is not None else None
     return dx, dw, db
 
 
 def rmsnorm_fwd(x, weight, eps):
-    y, _, rstd = _forward("rmsnorm", x, weight, None, eps)
+    y, _, _, rstd = _forward("rmsnorm", x, None, weight, None, eps)
     return y, rstd
 
 
@@ -915,8 +1134,20 @@ def rmsnorm_bwd(dy, x, weight, rstd):
 
 
 def layernorm_fwd(x, weight, bias, eps):
-    return _forward("layernorm", x, weight, bias, eps)
+    y, _, mean, rstd = _forward("layernorm", x, None, weight, bias, eps)
+    return y, mean, rstd
 
 
 def layernorm_bwd(dy, x, weight, mean, rstd):
     return _backward("layernorm", dy, x, weight, rstd, mean)
+
+
+def add_rmsnorm_fwd(x, residual, weight, eps):
+    y, h, _, rstd = _forward("add_rmsnorm", x, residual, weight, None, eps)
+    return y, h, rstd
+
+
+def add_rmsnorm_bwd(dy, dresidual_out, residual_out, weight, rstd):
+    """The RMSNorm backward kernel on residual_out, dresidual_out added before dh is rounded."""
+    dh, dw, _ = _backward("rmsnorm", dy, residual_out, weight, rstd, None, dresidual_out)
+    return dh, dw
