@@ -85,14 +85,20 @@ def _last_dim_only(normalized_shape) -> int:
 class RMSNorm(torch.nn.RMSNorm):
     """torch.nn.RMSNorm whose forward and backward run ``impl``'s kernels."""
 
-    def __init__(self, normalized_shape, eps=None, elementwise_affine=True, device=None, dtype=None, *, impl="eager"):
+    def __init__(
+        self, normalized_shape, eps=None, elementwise_affine=True, device=None, dtype=None, *, impl="eager", weight_offset=0.0
+    ):
         _last_dim_only(normalized_shape)
         super().__init__(normalized_shape, eps, elementwise_affine, device, dtype)
         self.impl = get(impl) if isinstance(impl, str) else impl
+        self.weight_offset = float(weight_offset)
 
     def forward(self, x):
         eps = self.eps if self.eps is not None else torch.finfo(x.dtype).eps
-        return rmsnorm(x, self.weight, eps, self.impl)
+        w = self.weight
+        if self.weight_offset and w is not None:  # Gemma's (offset + w), in fp32
+            w = w.float() + self.weight_offset
+        return rmsnorm(x, w, eps, self.impl)
 
     def extra_repr(self):
         return super().extra_repr() + f", impl={self.impl.name}"
