@@ -124,6 +124,7 @@ def _gpt2_config(s: Size) -> dict:
     return dict(
         vocab_size=s.vocab, n_embd=s.hidden, n_layer=s.layers, n_head=s.heads, n_inner=s.intermediate,
         n_positions=max(s.seq, 128), resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, use_cache=False,
+        bos_token_id=0, eos_token_id=0,  # GPT-2's own (50256) lie outside the smaller vocabularies
     )  # fmt: skip
 
 
@@ -425,20 +426,25 @@ def _time_variants(trainer, variants, impls, results, trials, steps, tag) -> dic
     trainer.fresh()
     per = {n: [] for n in names}
     failed = {}
-    for name in names:
+
+    def timed(name, n) -> float | None:
         use(name)
         try:
-            trainer.time_steps(WARMUP_STEPS)
-        except Exception as e:
+            return trainer.time_steps(n)
+        except Exception as e:  # recorded; the other variants go on
             failed[name] = describe_error(e)
-    names = [n for n in names if n not in failed]
+            return None
+
+    for name in names:
+        timed(name, WARMUP_STEPS)
     for t in range(trials):
-        k = t % len(names)
-        for name in names[k:] + names[:k]:
-            use(name)
-            trainer.time_steps(1)
-            per[name].append(trainer.time_steps(steps))
+        live = [n for n in names if n not in failed]
+        k = t % max(len(live), 1)
+        for name in live[k:] + live[:k]:
+            if timed(name, 1) is not None and (sec := timed(name, steps)) is not None:
+                per[name].append(sec)
         _log(f"{tag} timing trial {t + 1}/{trials} done")
+    names = [n for n in names if n not in failed]
     variants.use_own()
     out = {}
     for name in names:
@@ -488,13 +494,15 @@ def markdown(reps: list[dict]) -> str:
                 continue
             d, t = r["rel_diff"], timing.get(r["impl"])
             speed = _fmt(t and t["speedup_vs_own"], ".2f") + ("x" if t else "")
+            name = r["impl"] + (f" ({r['graph_breaks']} graph breaks)" if r.get("graph_breaks") else "")
             lines.append(
-                f"| {r['impl']} | {'yes' if r['status'] == 'pass' else '**no**'} | {_fmt(d['loss@1'])} | {_fmt(d['loss@K'])} | "
+                f"| {name} | {'yes' if r['status'] == 'pass' else '**no**'} | {_fmt(d['loss@1'])} | {_fmt(d['loss@K'])} | "
                 f"{_fmt(d['grad_norm@1'])} | {_fmt(d['grad_norm@K'])} | {_ms(t)} | {_fmt(t and t['tokens_per_s'], ',.0f')} | {speed} |"
             )
         if not timing:
-            lines.append("")
-            lines.append("Not timed (step times are measured on a GPU, or with --trials).")
+            lines += ["", "Not timed (step times are measured on a GPU, or with --trials)."]
+        for name, why in ((rep.get("timing") or {}).get("failed") or {}).items():
+            lines += ["", f"Timing of {name} failed: {why}"]
         lines.append("")
     return "\n".join(lines)
 
