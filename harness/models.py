@@ -39,8 +39,8 @@ Method, and why:
   (so slow drift of clocks or temperature is not charged to one variant), each preceded by one
   untimed step after the switch. A trial's time is wall time between device synchronisations over
   K steps; the variant's step time is the median of its trials, with the trials' spread
-  ((max - min) / min), flagged noisy above 5% as in ``normbench bench``. tokens/s = batch * seq /
-  step time.
+  ((max - min) / min), flagged noisy above 5% as in ``normbench bench``, and flagged "recompiled"
+  where torch.compile built a graph inside a timed step. tokens/s = batch * seq / step time.
 * ``--compile`` wraps the whole model in ``torch.compile``; the norm variants are switched inside
   it, so dynamo's recompile limit is raised to hold every variant's graphs. The number of graph
   breaks while compiling each variant is recorded: where a norm is an opaque call, the compiled
@@ -302,11 +302,12 @@ def verdict(diffs: dict, tol: dict) -> bool:
 
 
 # ---------------------------------------------------------------- one architecture
-def _graph_breaks() -> int:
+def _dynamo_count(what: str) -> int:
+    """Graph breaks ("graph_break") or graphs compiled ("unique_graphs") so far in this process."""
     try:
         from torch._dynamo.utils import counters
 
-        return sum(counters["graph_break"].values())
+        return sum(counters["graph_break"].values()) if what == "graph_break" else counters["stats"][what]
     except Exception:
         return 0
 
@@ -366,7 +367,7 @@ def run_arch(arch: str, size: str, impls: list[Implementation], *, device: str, 
             _log(f"{tag} {impl.name}: skipped ({why})")
             continue
         t1 = time.perf_counter()
-        breaks = _graph_breaks()
+        breaks = _dynamo_count("graph_break")
         try:
             report = variants.use(impl)
             run = trainer.run()
@@ -381,7 +382,7 @@ def run_arch(arch: str, size: str, impls: list[Implementation], *, device: str, 
         r.update(status="pass" if ok else "fail", **run, rel_diff=d, swapped=report.counts(), unknown=report.unknown,
                  seconds=round(time.perf_counter() - t1, 2))  # fmt: skip
         if compile:
-            r["graph_breaks"] = _graph_breaks() - breaks
+            r["graph_breaks"] = _dynamo_count("graph_break") - breaks
         worst = max(d, key=lambda k: d[k] / tol[k] if tol[k] else math.inf)
         _log(f"{tag} {impl.name}: {r['status']} (worst {worst} {d[worst]:.2e} vs tolerance {tol[worst]:.2e}; {r['seconds']} s)")
 
@@ -415,7 +416,7 @@ def _time_variants(trainer, variants, impls, results, trials, steps, tag) -> dic
     """Step time of the model's own norms and of every agreeing implementation (see the module
     docstring: warm-up, rotated order, median of trials)."""
     by_name = {i.name: i for i in impls}
-    names = ["own"] + [r["impl"] for r in results if r["status"] == "pass"]
+    names = list(dict.fromkeys(["own"] + [r["impl"] for r in results if r["status"] == "pass"]))
 
     def use(name):
         if name == "own":
@@ -426,6 +427,9 @@ def _time_variants(trainer, variants, impls, results, trials, steps, tag) -> dic
     trainer.fresh()
     per = {n: [] for n in names}
     failed = {}
+    # graphs torch.compile built inside timed steps (the untimed step after a switch should absorb
+    # any recompilation; a count here means a timing includes compilation)
+    compiled_in_timing = {n: 0 for n in names}
 
     def timed(name, n) -> float | None:
         use(name)
@@ -441,8 +445,12 @@ def _time_variants(trainer, variants, impls, results, trials, steps, tag) -> dic
         live = [n for n in names if n not in failed]
         k = t % max(len(live), 1)
         for name in live[k:] + live[:k]:
-            if timed(name, 1) is not None and (sec := timed(name, steps)) is not None:
+            if timed(name, 1) is None:
+                continue
+            graphs = _dynamo_count("unique_graphs")
+            if (sec := timed(name, steps)) is not None:
                 per[name].append(sec)
+            compiled_in_timing[name] += _dynamo_count("unique_graphs") - graphs
         _log(f"{tag} timing trial {t + 1}/{trials} done")
     names = [n for n in names if n not in failed]
     variants.use_own()
@@ -452,7 +460,8 @@ def _time_variants(trainer, variants, impls, results, trials, steps, tag) -> dic
         spread = (max(ms) - min(ms)) / min(ms) if ms and min(ms) > 0 else 0.0
         step_ms = statistics.median(ms)
         out[name] = {"step_ms": step_ms, "trial_ms": ms, "spread": spread, "noisy": spread > NOISY_SPREAD,
-                     "tokens_per_s": trainer.batches[0].numel() / (step_ms / 1e3)}  # fmt: skip
+                     "tokens_per_s": trainer.batches[0].numel() / (step_ms / 1e3),
+                     "graphs_compiled_while_timed": compiled_in_timing[name]}  # fmt: skip
     own_ms = out["own"]["step_ms"] if "own" in out else None
     for name, row in out.items():
         row["speedup_vs_own"] = own_ms / row["step_ms"] if own_ms else None
@@ -510,7 +519,8 @@ def markdown(reps: list[dict]) -> str:
 def _ms(t) -> str:
     if not t:
         return "–"
-    return f"{t['step_ms']:.2f}" + (" (noisy)" if t["noisy"] else "")
+    flags = [f for f, on in (("noisy", t["noisy"]), ("recompiled", t.get("graphs_compiled_while_timed"))) if on]
+    return f"{t['step_ms']:.2f}" + (f" ({', '.join(flags)})" if flags else "")
 
 
 def _count(names: dict) -> dict:
