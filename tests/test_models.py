@@ -34,7 +34,8 @@ def test_eager_and_helion_agree_in_bf16(arch, tmp_path):
         assert len(r["loss"]) == 2 and all(v == v for v in r["loss"])  # two finite steps
         assert set(r["rel_diff"]) == set(rep["tolerance"]["tol"])
     assert rep["own"]["loss"][0] != rep["own"]["loss"][1]  # the optimizer moved the weights
-    assert all(t > 0 for t in rep["tolerance"]["tol"].values())
+    # the controls moved the quantities (the tolerance is measured, not the floor everywhere)
+    assert any(v > 0 for c in rep["tolerance"]["controls"] for v in c.values())
     md = (tmp_path / "models.md").read_text()
     assert f"## {arch}" in md and "| eager | yes |" in md
 
@@ -58,6 +59,22 @@ def test_triton_kernels_agree_in_fp32(arch, tmp_path):
 def test_norm_level_compile_agrees(tmp_path):
     rc, reps = _model(tmp_path, "--arch", "qwen3", "--impl", "compile,!compile-max-autotune")
     assert rc == 0 and _statuses(reps["qwen3-tiny-eager.json"]) == {"compile": "pass"}
+
+
+def test_control_perturbation_is_within_the_check_allowance():
+    import torch
+
+    from harness.tolerances import TOLERANCES, ulp
+
+    norm = torch.nn.RMSNorm(64, dtype=torch.bfloat16)
+    x = torch.randn(32, 64, generator=torch.Generator().manual_seed(0)).bfloat16()
+    y0 = norm(x)
+    with models.perturbed_norms([norm], seed=1, device="cpu"):
+        y1 = norm(x)
+    diff = (y1.float() - y0.float()).abs()
+    allowed = TOLERANCES[torch.bfloat16].ulps * ulp(y0.float(), torch.bfloat16)
+    assert (diff <= allowed).all() and (diff > 0).float().mean() > 0.3
+    assert torch.equal(norm(x), y0)  # the hook is gone
 
 
 def _mutant(factory):
