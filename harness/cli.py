@@ -579,6 +579,23 @@ def cmd_codegen(a) -> int:
     return 0
 
 
+def cmd_model(a) -> int:
+    device = _device(a.device)
+    if device == "cpu":  # before transformers imports triton (see cmd_check)
+        from .contract import INTERPRETERS
+
+        os.environ.setdefault(INTERPRETERS["triton"], "1")
+    from . import models
+    from .registry import select
+
+    why = models.transformers_missing()
+    if why:
+        raise UsageError(why)
+    archs = _split(a.arch, tuple(models.ARCHS), "arch")
+    return models.run(archs, a.size, select(a.impl), device=device, steps=a.steps, compile=a.compile,
+                      trials=a.trials, out=Path(a.out) if a.out else None, dtype=a.dtype, seed=a.seed)  # fmt: skip
+
+
 def cmd_delegate(module: str):
     def run(a) -> int:
         import importlib
@@ -693,6 +710,19 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--dtype", default="bf16", choices=tuple(DTYPES), help="the dtype (default: bf16)")
     s.add_argument("--out", help="write the code to this file instead of printing it")
     s.set_defaults(fn=cmd_codegen)
+
+    s = sub.add_parser("model", help="train a Hugging Face model with its own norms and each implementation's: agreement, step time")
+    s.add_argument("--arch", default="llama", help="llama, qwen3, gemma3, gpt2, mistral, qwen2 (comma-separated; default: llama)")
+    s.add_argument("--size", default="tiny", choices=("tiny", "small", "1b"))
+    s.add_argument("--impl", help="glob(s) over implementation names or DSLs, comma-separated (default: all)")
+    s.add_argument("--steps", type=int, default=10, help="training steps compared (and per timing trial)")
+    s.add_argument("--trials", type=int, help="timing trials (default: 5 on cuda, none on cpu)")
+    s.add_argument("--compile", action="store_true", help="torch.compile the whole model")
+    s.add_argument("--dtype", default="bf16", help="model dtype: bf16 or fp32 (default: bf16)")
+    s.add_argument("--device", help="cpu or cuda (default: cuda if available)")
+    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--out", help="report folder (default: reports/<gpu>/<date>/models)")
+    s.set_defaults(fn=cmd_model)
 
     for name, helptext in (("tritonbench", "run TritonBench with every implementation registered"), ("generate", "generate kernels with an LLM endpoint")):
         s = sub.add_parser(name, help=helptext, add_help=False)

@@ -1,0 +1,144 @@
+"""`normbench model`: tiny models trained with their own norms and each CPU-capable implementation's;
+agreement verdicts, reports, the timing path, broken implementations and bad input."""
+
+import json
+
+import pytest
+
+from harness import models
+from harness.cli import main
+from harness.contract import Implementation
+
+WHY = models.transformers_missing()
+pytestmark = pytest.mark.skipif(WHY is not None, reason=WHY or "")
+
+
+def _model(tmp_path, *args):
+    rc = main(["model", "--size", "tiny", "--steps", "2", "--device", "cpu", "--out", str(tmp_path), *args])
+    reps = {p.name: json.loads(p.read_text()) for p in tmp_path.glob("*.json")}
+    return rc, reps
+
+
+def _statuses(rep):
+    return {r["impl"]: r["status"] for r in rep["results"]}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("arch", ["llama", "qwen3", "gemma3", "gpt2"])
+def test_eager_and_helion_agree_in_bf16(arch, tmp_path):
+    rc, reps = _model(tmp_path, "--arch", arch, "--impl", "eager,helion")
+    rep = reps[f"{arch}-tiny-eager.json"]
+    assert rc == 0, rep["results"]
+    assert _statuses(rep) == {"eager": "pass", "helion": "pass"}
+    for r in rep["results"]:
+        assert len(r["loss"]) == 2 and all(v == v for v in r["loss"])  # two finite steps
+        assert set(r["rel_diff"]) == set(rep["tolerance"]["tol"])
+    assert rep["own"]["loss"][0] != rep["own"]["loss"][1]  # the optimizer moved the weights
+    # the controls moved the quantities (the tolerance is measured, not the floor everywhere)
+    assert any(v > 0 for c in rep["tolerance"]["controls"] for v in c.values())
+    md = (tmp_path / "models.md").read_text()
+    assert f"## {arch}" in md and "| eager | yes |" in md
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("arch", ["llama", "gpt2"])
+def test_triton_kernels_agree_in_fp32(arch, tmp_path):
+    # fp32: Triton 3.9's CPU interpreter converts fp32 to bf16 by truncation (every output rounded
+    # toward zero), a bias this comparison rightly rejects and the GPU does not have (see README)
+    rc, reps = _model(tmp_path, "--arch", arch, "--impl", "triton,llm-triton", "--dtype", "fp32")
+    rep = reps[f"{arch}-tiny-eager.json"]
+    st = _statuses(rep)
+    assert rc == 0 and st.pop("triton") == "pass"
+    # the LLM-written kernels each provide one op: one runs, the other is skipped with the reason
+    op = "rmsnorm" if arch == "llama" else "layernorm"
+    assert sorted(st.values()) == ["pass", "skip"]
+    assert any(r["status"] == "skip" and op in r["reason"] for r in rep["results"])
+
+
+@pytest.mark.slow
+def test_norm_level_compile_agrees(tmp_path):
+    rc, reps = _model(tmp_path, "--arch", "qwen3", "--impl", "compile,!compile-max-autotune")
+    assert rc == 0 and _statuses(reps["qwen3-tiny-eager.json"]) == {"compile": "pass"}
+
+
+def test_control_perturbation_is_within_the_check_allowance():
+    import torch
+
+    from harness.tolerances import TOLERANCES, ulp
+
+    norm = torch.nn.RMSNorm(64, dtype=torch.bfloat16)
+    x = torch.randn(32, 64, generator=torch.Generator().manual_seed(0)).bfloat16()
+    y0 = norm(x)
+    with models.perturbed_norms([norm], seed=1, device="cpu"):
+        y1 = norm(x)
+    diff = (y1.float() - y0.float()).abs()
+    allowed = TOLERANCES[torch.bfloat16].ulps * ulp(y0.float(), torch.bfloat16)
+    assert (diff <= allowed).all() and (diff > 0).float().mean() > 0.3
+    assert torch.equal(norm(x), y0)  # the hook is gone
+
+
+def _mutant(factory):
+    return Implementation(name=f"mutant-{factory}", dsl="eager", entry=f"tests.mutants:{factory}", ops=("rmsnorm",), devices=("cpu",))
+
+
+def test_broken_kernels_fail_and_do_not_stop_the_others(tmp_path):
+    from harness.registry import get
+
+    impls = [_mutant("missing_rstd_gradient"), _mutant("nan_output"), _mutant("crashing"), get("eager")]
+    rc = models.run(["llama"], "tiny", impls, device="cpu", steps=2, compile=False, trials=1, out=tmp_path)
+    rep = json.loads((tmp_path / "llama-tiny-eager.json").read_text())
+    assert rc == 1
+    assert _statuses(rep) == {
+        "mutant-missing_rstd_gradient": "fail",
+        "mutant-nan_output": "fail",
+        "mutant-crashing": "error",
+        "eager": "pass",
+    }
+    crash = next(r for r in rep["results"] if r["status"] == "error")
+    assert "simulated" in crash["reason"]
+    # the timing path (forced on the CPU by trials=1): only what agrees is timed, against the own norms
+    timing = rep["timing"]["variants"]
+    assert set(timing) == {"own", "eager"}
+    assert all(t["step_ms"] > 0 and len(t["trial_ms"]) == 1 and t["tokens_per_s"] > 0 for t in timing.values())
+    assert timing["own"]["speedup_vs_own"] == 1.0
+    assert "| mutant-crashing | error: RuntimeError" in (tmp_path / "models.md").read_text()
+
+
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (["--arch", "bert"], "unknown arch"),
+        (["--arch", "llama", "--steps", "0"], "--steps"),
+        (["--arch", "llama", "--dtype", "fp16"], "loss scaler"),
+        (["--arch", "llama", "--trials", "-1"], "--trials"),
+        (["--arch", "llama", "--impl", "no-such"], "no implementation matches"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(args, needle, capsys, tmp_path):
+    rc = main(["model", "--device", "cpu", "--out", str(tmp_path), *args])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and needle in err and len(err.splitlines()) == 1
+
+
+def test_without_transformers_one_line_and_exit_2(monkeypatch, capsys):
+    monkeypatch.setattr(models.importlib.util, "find_spec", lambda name, *a: None if name == "transformers" else object())
+    rc = main(["model", "--arch", "llama", "--device", "cpu"])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and "transformers" in err and "normbench[models]" in err and len(err.splitlines()) == 1
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("compiled", [False, True])
+def test_every_implementation_on_cuda(compiled, tmp_path):
+    # compiled: whole-model torch.compile of every variant costs tens of seconds each; a subset
+    impls = "eager,triton,cute" if compiled else "*,!compile-max-autotune"
+    args = ["model", "--arch", "llama,qwen3,gemma3,gpt2", "--size", "tiny", "--steps", "3", "--trials", "2",
+            "--impl", impls, "--device", "cuda", "--out", str(tmp_path)] + (["--compile"] if compiled else [])  # fmt: skip
+    rc = main(args)
+    reps = [json.loads(p.read_text()) for p in tmp_path.glob("*.json")]
+    assert len(reps) == 4
+    for rep in reps:
+        st = _statuses(rep)
+        assert "fail" not in st.values() and "error" not in st.values(), rep["results"]
+        assert st["cute"] == "pass" and rep["timing"]["variants"]["own"]["step_ms"] > 0
+    assert rc == 0
