@@ -57,6 +57,13 @@ SHAPE_SETS: dict[str, tuple[Shape, ...]] = {
         # sweep reaches only in bf16 and only on a GPU
         Shape((3, 20001)),  # wide and odd: narrow vectors on the wide path
         Shape((2, 262144)),  # the widest sweep row
+        # wide odd widths: a register tile padded to the next power of two, vectors of one element,
+        # CuTe's clusters of whole-warp CTAs (16383: one 16-bit CTA, a 2-CTA fp32 cluster; 65537: a
+        # 16-CTA fp32 cluster); 131080 is the narrowest 16-bit row whose power-of-two CTAs left the
+        # cluster's last CTA without columns (a launch over the shared-memory limit before the fix)
+        Shape((2, 16383)),
+        Shape((2, 65537)),
+        Shape((2, 131080)),
     ),
     # The GPU ranking: equal bytes at every N, so each point moves the same data.
     "sweep": tuple(Shape((SWEEP_ELEMENTS // n, n)) for n in SWEEP_N),
