@@ -19,7 +19,7 @@ Design decisions:
 
 * Layouts are chosen by hand (``plan.py``): a ``BlockedLayout`` of 128-bit vectors per thread
   along N, threads then warps along N for wide rows, spare warps along M for narrow ones. Row
-  reductions are ``gl.sum(axis=1)`` over that layout (within a warp by shuffles, across warps
+  reductions are ``gl.reduce`` sums over that layout (within a warp by shuffles, across warps
   once through shared memory); per-row values live in ``SliceLayout(1, layout)`` and per-column
   ones (weight, dw) in ``SliceLayout(0, layout)``, so no layout conversion is needed anywhere.
 * The sum of add + RMSNorm is rounded to x's dtype before the statistics: the unfused model
@@ -31,7 +31,7 @@ Design decisions:
   x^2 overflows fp32 and the sum of squares is inf, so rsqrt gives 0 and y would silently become
   0 (RMSNorm) or the bias (LayerNorm). ``_rstd`` turns an infinite sum into a NaN rstd, which
   reaches y and, through the saved rstd, dx (torch's LayerNorm returns NaN there too).
-* Forward: one pass with the whole row in registers up to ``FWD_ROW_MAX`` elements; wider rows
+* Forward: one pass with the whole row in registers up to ``FWD_ROW_BYTES`` of x; wider rows
   are walked in chunks twice, statistics then y, the second pass last chunk first so that it
   starts on what the first pass read last (still in L2). LayerNorm's chunked statistics merge
   per-chunk (mean, sum of squared deviations) pairs (Chan et al.), never E[x^2] - E[x]^2.
@@ -59,6 +59,19 @@ from .plan import Plan, Tile, next_pow2, plan, programs_per_sm
 
 
 # =================================================================================== helpers
+@gluon.jit
+def _add(a, b):
+    return a + b
+
+
+@gluon.jit
+def _sum(x, axis: gl.constexpr):
+    """``gl.sum``, with a Gluon combine function: ``gl.sum``'s own is a Triton function, which
+    Triton's interpreter (TRITON_INTERPRET=1, on in CPU test runs) replaces at import time and
+    Gluon's compiler then refuses."""
+    return gl.reduce(x, axis, _add)
+
+
 @gluon.jit
 def _offsets(rows, cols, stride):
     """[rows, cols] element offsets; rows in int64 (row * stride overflows int32 past 2^31)."""
@@ -107,11 +120,11 @@ def _fwd_row_kernel(
 
     x = _load_row(X, R, H, rows, cols, mask, stride_x, stride_r, stride_h, HAS_RESIDUAL)
     if LAYERNORM:
-        mean = gl.sum(x, axis=1) / N
+        mean = _sum(x, axis=1) / N
         # centre in registers before squaring (two-pass variance): E[x^2] - E[x]^2 cancels badly
         x = gl.where(mask, x - gl.expand_dims(mean, 1), 0.0)
         gl.store(MEAN + rows, mean, mask=row_mask)
-    rstd = _rstd(gl.sum(x * x, axis=1), N, eps)
+    rstd = _rstd(_sum(x * x, axis=1), N, eps)
     gl.store(RSTD + rows, rstd, mask=row_mask)
     y = _affine(x * gl.expand_dims(rstd, 1), W, B, cols, col_mask, HAS_WEIGHT, HAS_BIAS)
     gl.store(Y + _offsets(rows, cols, stride_y), y.to(Y.dtype.element_ty), mask=mask)
@@ -140,18 +153,18 @@ def _fwd_chunked_kernel(
         if LAYERNORM:
             seen = (c * BLOCK_N).to(gl.float32)
             count = gl.minimum(N - c * BLOCK_N, BLOCK_N).to(gl.float32)
-            chunk_mean = gl.sum(x, axis=1) / count
+            chunk_mean = _sum(x, axis=1) / count
             dev = gl.where(mask, x - gl.expand_dims(chunk_mean, 1), 0.0)
             delta = chunk_mean - mean
             mean = mean + delta * (count / (seen + count))
-            m2 = m2 + gl.sum(dev * dev, axis=1) + delta * delta * (seen * count / (seen + count))
+            m2 = m2 + _sum(dev * dev, axis=1) + delta * delta * (seen * count / (seen + count))
         else:
             sum_sq += x * x
     if LAYERNORM:
         rstd = _rstd(m2, N, eps)
         gl.store(MEAN + rows, mean, mask=row_mask)
     else:
-        rstd = _rstd(gl.sum(sum_sq, axis=1), N, eps)
+        rstd = _rstd(_sum(sum_sq, axis=1), N, eps)
     gl.store(RSTD + rows, rstd, mask=row_mask)
 
     # pass 2, last chunk first (still in L2): y, from x or from the h pass 1 stored
@@ -214,9 +227,9 @@ def _bwd_row_sums_kernel(
     row_mask = rows < M
     xc, dy, g = _bwd_terms(DY, X, W, MEAN, rows, row_mask, cols, cols < N, stride_dy, stride_x, LAYERNORM, HAS_WEIGHT)
     at = rows.to(gl.int64) * SLICES + me
-    gl.store(ROW_SUMS + at, gl.sum(g * xc, axis=1), mask=row_mask)
+    gl.store(ROW_SUMS + at, _sum(g * xc, axis=1), mask=row_mask)
     if LAYERNORM:
-        gl.store(ROW_SUMS + M * SLICES + at, gl.sum(g, axis=1), mask=row_mask)
+        gl.store(ROW_SUMS + M * SLICES + at, _sum(g, axis=1), mask=row_mask)
 
 
 @gluon.jit(do_not_specialize=["M"])
@@ -246,25 +259,25 @@ def _bwd_kernel(
                                LAYERNORM, HAS_WEIGHT)  # fmt: skip
         rstd = gl.load(RSTD + rows, mask=row_mask, other=0.0)
         if SLICES == 1:
-            sum_gxc = gl.sum(g * xc, axis=1)
-            sum_g = gl.sum(g, axis=1)
+            sum_gxc = _sum(g * xc, axis=1)
+            sum_g = _sum(g, axis=1)
         else:
             # the slices' sums, added in slice order whichever program computed them: deterministic
             k = gl.arange(0, SLICES_P2, layout=col_layout)
             at = gl.expand_dims(rows.to(gl.int64) * SLICES, 1) + gl.expand_dims(k, 0)
             sums_mask = gl.expand_dims(row_mask, 1) & gl.expand_dims(k < SLICES, 0)
-            sum_gxc = gl.sum(gl.load(ROW_SUMS + at, mask=sums_mask, other=0.0), axis=1)
-            sum_g = gl.sum(gl.load(ROW_SUMS + M * SLICES + at, mask=sums_mask, other=0.0), axis=1)
+            sum_gxc = _sum(gl.load(ROW_SUMS + at, mask=sums_mask, other=0.0), axis=1)
+            sum_g = _sum(gl.load(ROW_SUMS + M * SLICES + at, mask=sums_mask, other=0.0), axis=1)
         xhat = xc * gl.expand_dims(rstd, 1)
         dx = g - xhat * gl.expand_dims(sum_gxc * rstd / N, 1)
         if LAYERNORM:
             dx = dx - gl.expand_dims(sum_g / N, 1)
-            db += gl.sum(dy, axis=0)
+            db += _sum(dy, axis=0)
         dx = dx * gl.expand_dims(rstd, 1)
         if HAS_DRESIDUAL:
             dx += gl.load(DRES + _offsets(rows, cols, stride_dres), mask=mask, other=0.0).to(gl.float32)
         if HAS_WEIGHT:
-            dw += gl.sum(dy * xhat, axis=0)
+            dw += _sum(dy * xhat, axis=0)
         gl.store(DX + _offsets(rows, cols, stride_dx), dx.to(DX.dtype.element_ty), mask=mask)
 
     partial = group.to(gl.int64) * N + cols
@@ -285,7 +298,7 @@ def _sum_partials_kernel(PARTIALS, OUT, P, N, BLOCK_P: gl.constexpr, BLOCK_N: gl
         p = p0 + gl.arange(0, BLOCK_P, layout=gl.SliceLayout(1, layout))
         mask = gl.expand_dims(p < P, 1) & gl.expand_dims(cols < N, 0)
         acc += gl.load(PARTIALS + _offsets(k * P + p, cols, N), mask=mask, other=0.0)
-    gl.store(OUT + k * N + cols, gl.sum(acc, axis=0).to(OUT.dtype.element_ty), mask=cols < N)
+    gl.store(OUT + k * N + cols, _sum(acc, axis=0).to(OUT.dtype.element_ty), mask=cols < N)
 
 
 # ============================================================================ launching

@@ -14,8 +14,10 @@ since Volta, not on SM counts or clocks):
   most 16: every thread then holds 2-4 vectors of the row (16-64 fp32 registers) and the row
   reduction crosses at most 16 warps through shared memory once. Narrow rows get 4 warps, the
   spare ones along M (``warps_per_cta = [4 / warps_n, warps_n]``): a program moves several rows.
-* the row stays in registers up to ``FWD_ROW_MAX`` elements (forward: x, 64 per thread at 16
-  warps) and ``BWD_ROW_MAX`` (backward: x, dy, dw, db, 16 each): wider rows are walked in chunks
+* the row stays in registers up to ``FWD_ROW_BYTES`` of x (forward: 32768 16-bit elements, 64
+  fp32 registers per thread at 16 warps; ptxas for sm_90a fits them in its 128-register cap
+  without spilling, where 32768 fp32 elements spill) and ``BWD_ROW_MAX`` elements (backward: x,
+  dy, dw, db, 16 each, up to 128 registers): wider rows are walked in chunks
   (forward, two passes over the row, the second from L2) or cut into column slices (backward).
 * the persistent backward grid fills each SM with up to 2048 threads of programs (the thread
   limit of an SM from Volta to Hopper), so the grid follows the GPU's SM count at run time.
@@ -29,7 +31,7 @@ VECTOR_BYTES = 16
 WARP = 32
 MAX_WARPS = 16
 MIN_WARPS = 4
-FWD_ROW_MAX = 32768  # elements a forward program keeps in registers (64 per thread at 16 warps)
+FWD_ROW_BYTES = 65536  # bytes of x a forward program keeps in registers (see above)
 BWD_ROW_MAX = 8192  # backward: x, dy and the dw/db accumulators, 16 per thread each at 16 warps
 FWD_CHUNK = 8192  # column chunk of the forward's wide-row path
 BWD_SLICE = 8192  # column slice of the backward's wide-row path
@@ -93,7 +95,7 @@ def plan(direction: str, n: int, elem_size: int) -> Plan:
         raise ValueError(f"direction must be 'fwd' or 'bwd', got {direction!r}")
     if n < 1:
         raise ValueError(f"N must be >= 1, got {n}")
-    limit, piece = (FWD_ROW_MAX, FWD_CHUNK) if direction == "fwd" else (BWD_ROW_MAX, BWD_SLICE)
+    limit, piece = (FWD_ROW_BYTES // elem_size, FWD_CHUNK) if direction == "fwd" else (BWD_ROW_MAX, BWD_SLICE)
     width = next_pow2(n)
     if width <= limit:
         return Plan(tile(width, elem_size), 1)
