@@ -1,0 +1,255 @@
+"""Gluon kernels: the launch plans, a compile for sm_90a of every op x direction x row regime x
+dtype (Gluon does not run in Triton's interpreter, so without a GPU this is what CI can check), and
+on a GPU add + RMSNorm, fp32 weights beside 16-bit x and overflowing statistics against fp64."""
+
+import importlib.util
+
+import pytest
+import torch
+
+from harness import reference
+from harness.checker import compare, poisoned_allocations
+from harness.contract import DTYPES
+from harness.inputs import make_case
+from harness.shapes import SHAPE_SETS
+
+from .conftest import HAS_CUDA
+
+pytestmark = pytest.mark.skipif(
+    importlib.util.find_spec("triton") is None or importlib.util.find_spec("triton.experimental.gluon") is None,
+    reason="triton with triton.experimental.gluon is not installed",
+)
+
+# one shape per row regime, from the shared shape sets: rows narrower than a warp (N = 7), a
+# mid-size odd row (1001), a row held in registers by many warps (2880), wide rows on the chunked
+# forward / sliced backward paths (20001: fp32 only for the forward; 262144: every dtype)
+REGIMES = {s.n: s for s in SHAPE_SETS["smoke"] + SHAPE_SETS["edge"] if s.n in (7, 1001, 2880, 20001, 262144)}
+
+
+# ------------------------------------------------------------------------------- launch plans
+def test_plans_use_128_bit_vectors_and_whole_warps():
+    from impls.gluon.plan import VECTOR_BYTES, WARP, next_pow2, plan
+
+    for n in sorted({s.n for shapes in SHAPE_SETS.values() for s in shapes if s.n} | {1, 2, 31, 65537}):
+        for elem in (2, 4):
+            for direction in ("fwd", "bwd"):
+                p = plan(direction, n, elem)
+                t = p.tile
+                assert t.threads[0] * t.threads[1] == WARP, (n, elem, t)
+                # 16-byte vectors unless the row is narrower than one
+                assert t.vec * elem == VECTOR_BYTES or t.vec == t.width, (n, elem, t)
+                # threads and warps along N never exceed the tile: no lane holds a copy of another's
+                assert t.vec * t.threads[1] * t.warps[1] <= t.width, (n, elem, t)
+                assert p.pieces * t.width >= n, (n, elem, p)
+                if p.pieces == 1:
+                    assert t.width == next_pow2(n)
+                else:
+                    assert (p.pieces - 1) * t.width < n, (n, elem, p)
+
+
+def test_plan_rejects_bad_arguments():
+    from impls.gluon.plan import plan, tile
+
+    with pytest.raises(ValueError, match="direction"):
+        plan("sideways", 64, 2)
+    with pytest.raises(ValueError, match="N must be"):
+        plan("fwd", 0, 2)
+    with pytest.raises(ValueError, match="power of two"):
+        tile(1000, 2)
+
+
+# ---------------------------------------------------------------------------- compile for sm_90a
+@pytest.fixture(scope="module")
+def gluon_kernels():
+    """The kernels module, after checking that one kernel compiles here; a skip with the exact
+    reason when the toolchain (Triton's compiler or its ptxas) cannot."""
+    from impls.gluon import kernels
+
+    x = torch.ones(1, 16, dtype=torch.float32)
+    try:
+        with kernels.compile_only() as compiled:
+            kernels.rmsnorm_fwd(x, None, 1e-5)
+    except Exception as e:  # the reason is the test's result: skip with it
+        pytest.skip(f"Gluon cannot compile for sm_90a here: {type(e).__name__}: {str(e).splitlines()[0][:300]}")
+    assert compiled and compiled[0].asm.get("cubin")
+    return kernels
+
+
+def _inputs(shape, dtype, param_dtype):
+    """The shared case's tensors, made on the CPU (compile_only only reads dtypes and strides)."""
+    case = make_case("layernorm", shape, dtype)
+    x = case["x"].reshape(-1, shape.n)
+    dy = case["dy"].reshape(-1, shape.n)
+    w, b = case["weight"].to(param_dtype), case["bias"].to(param_dtype)
+    stat = torch.ones(x.shape[0], dtype=torch.float32)
+    return x, dy, w, b, stat
+
+
+CALLS = {
+    ("rmsnorm", "fwd"): lambda k, x, dy, w, b, s: k.rmsnorm_fwd(x, w, 1e-5),
+    ("rmsnorm", "bwd"): lambda k, x, dy, w, b, s: k.rmsnorm_bwd(dy, x, w, s),
+    ("layernorm", "fwd"): lambda k, x, dy, w, b, s: k.layernorm_fwd(x, w, b, 1e-5),
+    ("layernorm", "bwd"): lambda k, x, dy, w, b, s: k.layernorm_bwd(dy, x, w, s, s),
+    ("add_rmsnorm", "fwd"): lambda k, x, dy, w, b, s: k.add_rmsnorm_fwd(x, dy, w, 1e-5),
+    ("add_rmsnorm", "bwd"): lambda k, x, dy, w, b, s: k.add_rmsnorm_bwd(dy, x, x, w, s),
+    ("add_rmsnorm", "bwd-no-dresidual"): lambda k, x, dy, w, b, s: k.add_rmsnorm_bwd(dy, None, x, w, s),
+    ("layernorm", "bwd-no-affine"): lambda k, x, dy, w, b, s: k.layernorm_bwd(dy, x, None, s, s),
+}
+
+
+# bf16 x with fp32 weights and fp32 at every regime; fp16 (the same plans as bf16) on two
+COMPILES = [(n, "bf16", "fp32") for n in sorted(REGIMES)] + [(n, "fp32", "fp32") for n in sorted(REGIMES)]
+COMPILES += [(n, "fp16", "fp16") for n in (2880, 262144)]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("n,dtype,param_dtype", COMPILES, ids=[f"{n}-{d}-{p}weight" for n, d, p in COMPILES])
+def test_every_kernel_compiles_for_sm90a(gluon_kernels, n, dtype, param_dtype):
+    """Each op and direction compiles to a cubin through the host code the GPU runs, with
+    128-bit global accesses wherever the row stride allows them."""
+    from impls.gluon.plan import plan
+
+    k = gluon_kernels
+    shape = REGIMES[n]
+    x, dy, w, b, s = _inputs(shape, DTYPES[dtype], DTYPES[param_dtype])
+    for (op, direction), call in CALLS.items():
+        with k.compile_only() as compiled:
+            call(k, x, dy, w, b, s)
+        wide = plan(direction[:3], n, x.element_size()).wide
+        names = [c.metadata.name for c in compiled]
+        if direction == "fwd":
+            assert names == ["_fwd_chunked_kernel" if wide else "_fwd_row_kernel"], (op, names)
+        else:
+            main = (["_bwd_row_sums_kernel"] if wide else []) + ["_bwd_kernel"]
+            assert names == main + ["_sum_partials_kernel"], (op, direction, names)
+        for c in compiled:
+            assert len(c.asm["cubin"]) > 1000, (op, direction, c.metadata.name)
+            ptx = c.asm["ptx"]
+            assert ".target sm_90a" in ptx
+            if x.stride(0) * x.element_size() % 16 == 0 and c.metadata.name != "_sum_partials_kernel":
+                assert "ld.global.v4" in ptx, f"{op} {direction} {c.metadata.name}: no 128-bit loads"
+
+
+def test_compile_only_leaves_nothing_launched(gluon_kernels):
+    """Outside ``compile_only`` a CPU tensor reaches a real launch, which fails loudly (no GPU)."""
+    k = gluon_kernels
+    x = torch.ones(2, 16)
+    with k.compile_only() as compiled:
+        k.rmsnorm_fwd(x, None, 1e-5)
+    assert len(compiled) == 1
+    with pytest.raises(Exception):
+        k.rmsnorm_fwd(x, None, 1e-5)
+
+
+# ------------------------------------------------------------------------------------ on a GPU
+def _kernels():
+    from harness.registry import get
+
+    return get("gluon").kernels("cuda")
+
+
+def _rms_bwd_scales(dy, h, w, rstd, dres):
+    """The checker's tolerance scales for RMSNorm's backward on h (harness.checker._check_tensors),
+    with |dresidual_out| added to dh's."""
+    dy64, r64 = dy.double(), rstd.reshape(-1, 1)
+    dx_terms = (dy64 * (w.double() if w is not None else 1.0) * r64).abs()
+    if dres is not None:
+        dx_terms = dx_terms + dres.double().abs()
+    return dx_terms, (dy64 * h.double() * r64).square().sum(0).sqrt()
+
+
+GPU_SHAPES = [s for s in SHAPE_SETS["smoke"] + SHAPE_SETS["edge"] if s.m > 0 and len(s.dims) == 2]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("param_dtype", ["x", "fp32"])
+@pytest.mark.parametrize("dtype", ["bf16", "fp16", "fp32"])
+def test_add_rmsnorm_against_fp64(dtype, param_dtype):
+    k = _kernels()
+    for shape in GPU_SHAPES:
+        case = make_case("rmsnorm", shape, DTYPES[dtype], "cuda", seed=1)
+        res = make_case("rmsnorm", shape, DTYPES[dtype], "cuda", seed=2)["x"]
+        x, dy, w = case["x"], case["dy"], case["weight"]
+        w = w if param_dtype == "x" else w.float()
+        dres = make_case("rmsnorm", shape, DTYPES[dtype], "cuda", seed=3)["dy"]
+        y_ref, h_ref, rstd_ref = reference.add_rmsnorm_fwd(x, res, w, case["eps"])
+        with poisoned_allocations():
+            y, h, rstd = k.add_rmsnorm_fwd(x, res, w, case["eps"])
+        reports = [
+            compare("y", y, y_ref, x.dtype, x.shape),
+            compare("residual_out", h, h_ref, x.dtype, x.shape),
+            compare("rstd", rstd, rstd_ref, torch.float32, x.shape[:-1]),
+        ]
+        for d in (dres, None):
+            dh_ref, dw_ref = reference.add_rmsnorm_bwd(dy, d, h, w, rstd_ref)
+            with poisoned_allocations():
+                dh, dw = k.add_rmsnorm_bwd(dy, d, h, w, rstd_ref.float())
+            dh_scale, dw_scale = _rms_bwd_scales(dy, h, w, rstd_ref, d)
+            reports += [
+                compare("dh", dh, dh_ref, x.dtype, x.shape, dh_scale),
+                compare("dweight", dw, dw_ref, w.dtype, w.shape, dw_scale),
+            ]
+        bad = [f"{r.name}: {r.reason}" for r in reports if not r.passed]
+        assert not bad, f"{shape.label} {dtype} weight {param_dtype}: {bad}"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("op", ["rmsnorm", "layernorm"])
+@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+def test_fp32_weights_beside_16_bit_x(op, dtype):
+    k = _kernels()
+    for shape in GPU_SHAPES:
+        case = make_case(op, shape, DTYPES[dtype], "cuda", seed=4)
+        x, dy, eps = case["x"], case["dy"], case["eps"]
+        w = case["weight"].float()
+        b = case["bias"].float() if case["bias"] is not None else None
+        if op == "layernorm":
+            ref = reference.layernorm_fwd(x, w, b, eps)
+            with poisoned_allocations():
+                out = k.layernorm_fwd(x, w, b, eps)
+            dref = reference.layernorm_bwd(dy, x, w, ref[1], ref[2])
+            with poisoned_allocations():
+                dout = k.layernorm_bwd(dy, x, w, ref[1].float(), ref[2].float())
+        else:
+            ref = reference.rmsnorm_fwd(x, w, eps)
+            with poisoned_allocations():
+                out = k.rmsnorm_fwd(x, w, eps)
+            dref = reference.rmsnorm_bwd(dy, x, w, ref[1])
+            with poisoned_allocations():
+                dout = k.rmsnorm_bwd(dy, x, w, ref[1].float())
+        assert out[0].dtype == x.dtype and dout[0].dtype == x.dtype
+        assert all(d.dtype == torch.float32 for d in dout[1:]), "dweight/dbias must come back in fp32"
+        reports = [compare("y", out[0], ref[0], x.dtype, x.shape)]
+        x2, dy2 = x.reshape(-1, shape.n), dy.reshape(-1, shape.n)
+        xc = x2.double() - ref[1].reshape(-1, 1) if op == "layernorm" else x2
+        dx_scale, dw_scale = _rms_bwd_scales(dy2, xc, w, ref[-1], None)
+        scales = (dx_scale.reshape(x.shape), dw_scale, dy2.double().square().sum(0).sqrt())
+        names = ("dx", "dweight", "dbias")
+        dtypes = (x.dtype, torch.float32, torch.float32)
+        shapes = (x.shape, w.shape, w.shape)
+        reports += [compare(*a) for a in zip(names, dout, dref, dtypes, shapes, scales)]
+        bad = [f"{r.name}: {r.reason}" for r in reports if not r.passed]
+        assert not bad, f"{op} {shape.label} {dtype}: {bad}"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n", [64, 4096, 262144])
+@pytest.mark.parametrize("op", ["rmsnorm", "layernorm"])
+def test_overflowing_statistics_give_nan_not_a_finite_value(op, n):
+    """bf16 rows near 1e30: x^2 overflows fp32. torch's LayerNorm returns NaN there; RMSNorm must
+    not return 0 (torch's rms_norm does, a finite wrong value): both give NaN, rows beside untouched."""
+    k = _kernels()
+    g = torch.Generator(device="cuda").manual_seed(5)
+    x = torch.randn(4, n, generator=g, device="cuda")
+    x[1] *= 1e30
+    x = x.to(torch.bfloat16)
+    w = torch.ones(n, device="cuda", dtype=torch.bfloat16)
+    b = torch.full((n,), 0.5, device="cuda", dtype=torch.bfloat16)
+    if op == "layernorm":
+        y = k.layernorm_fwd(x, w, b, 1e-5)[0]
+        torch_y = torch.nn.functional.layer_norm(x.float(), (n,), w.float(), b.float(), 1e-5)
+        assert not torch.isfinite(torch_y[1]).any()  # what the kernels must match
+    else:
+        y = k.rmsnorm_fwd(x, w, 1e-5)[0]
+    assert not torch.isfinite(y[1]).any(), "an overflowed row came back finite"
+    assert torch.isfinite(y[[0, 2, 3]]).all()
