@@ -151,8 +151,8 @@ def _fwd_chunked_kernel(
         mask = gl.expand_dims(row_mask, 1) & gl.expand_dims(cols < N, 0)
         x = _load_row(X, R, H, rows, cols, mask, stride_x, stride_r, stride_h, HAS_RESIDUAL)
         if LAYERNORM:
-            seen = (c * BLOCK_N).to(gl.float32)
-            count = gl.minimum(N - c * BLOCK_N, BLOCK_N).to(gl.float32)
+            seen = gl.cast(c * BLOCK_N, gl.float32)
+            count = gl.cast(gl.minimum(N - c * BLOCK_N, BLOCK_N), gl.float32)
             chunk_mean = _sum(x, axis=1) / count
             dev = gl.where(mask, x - gl.expand_dims(chunk_mean, 1), 0.0)
             delta = chunk_mean - mean
@@ -306,6 +306,7 @@ def _sum_partials_kernel(PARTIALS, OUT, P, N, BLOCK_P: gl.constexpr, BLOCK_N: gl
 # ``compile_only`` mode (no GPU: the tests) it is compiled for sm_90a from the same description,
 # so the host code the GPU runs is the host code the tests exercise.
 _COMPILE_ONLY: list = []  # a stack of lists collecting compiled kernels
+_INTERPRETED: list = []  # a stack of {kernel name: interpreted copy} (interpret.layouts_erased)
 SM_COUNT_WITHOUT_GPU = 132  # an H100 SXM / H200, for the grids of compile_only launches
 
 
@@ -323,6 +324,9 @@ def sm_count(device: torch.device) -> int:
 def _launch(kernel, grid, args: dict, constexprs: dict, num_warps: int):
     if _COMPILE_ONLY:
         _COMPILE_ONLY[-1].append(compile_kernel(kernel, args, constexprs, num_warps))
+        return
+    if _INTERPRETED:
+        _INTERPRETED[-1][kernel.fn.__name__][grid](**args, **constexprs)
         return
     kernel[grid](**args, **constexprs, num_warps=num_warps)
 
