@@ -39,7 +39,7 @@ class _ErasedGluon:
             return lambda *args, layout=None, **kwargs: getattr(tl, name)(*args, **kwargs)
         if name == "reduce":
             # the kernels reduce only with their ``_add``: the interpreter's numpy sum
-            return lambda x, axis, combine_fn: tl.sum(x, axis=axis)
+            return lambda x, axis, combine_fn: tl.reduce(x, axis, tl.standard._sum_combine)
         return getattr(tl, name)
 
 
@@ -72,7 +72,9 @@ def erased(module) -> dict:
     for name, f in gluon_fns.items():
         fn = types.FunctionType(f.fn.__code__, scope, f.fn.__name__, f.fn.__defaults__, f.fn.__closure__)
         copies[name] = Interpreted(fn)
-    scope.update(copies)
+    # Helpers are called as their rewritten Python functions: an interpreted call would patch
+    # triton.language again on every call (the kernel's launch has patched it already).
+    scope.update({name: f.rewrite() for name, f in copies.items()})
     _ERASED[module] = copies
     return copies
 

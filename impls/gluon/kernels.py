@@ -55,7 +55,7 @@ import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
-from .plan import Plan, Tile, next_pow2, plan, programs_per_sm
+from .plan import Plan, Tile, next_pow2, plan, programs_per_sm, tile
 
 
 # =================================================================================== helpers
@@ -307,7 +307,9 @@ def _sum_partials_kernel(PARTIALS, OUT, P, N, BLOCK_P: gl.constexpr, BLOCK_N: gl
 # so the host code the GPU runs is the host code the tests exercise.
 _COMPILE_ONLY: list = []  # a stack of lists collecting compiled kernels
 _INTERPRETED: list = []  # a stack of {kernel name: interpreted copy} (interpret.layouts_erased)
-SM_COUNT_WITHOUT_GPU = 132  # an H100 SXM / H200, for the grids of compile_only launches
+# Without a GPU (compile_only, or the interpreter) grids are sized for one SM: the interpreter
+# pays per program, and the persistent backward's programs then each walk several row blocks.
+SM_COUNT_WITHOUT_GPU = 1
 
 
 @functools.lru_cache(maxsize=None)
@@ -446,10 +448,13 @@ def norm_bwd(dy, dres, x, weight, mean, rstd, layernorm: bool):
     )  # fmt: skip
     _launch(_bwd_kernel, (groups * slices,), args, constexprs, t.num_warps)
     if n_sums:
-        # narrow column strips, so that even N = 1024 spreads over dozens of SMs
-        block_n = min(max(next_pow2(N) // 256, 16), 256)
-        block_p = 4096 // block_n
-        strip = Tile(block_n, min(4, block_n), (32 // min(32, block_n // 4), min(32, block_n // 4)), (4, 1))
+        if x.is_cuda or _COMPILE_ONLY:
+            # narrow column strips, so that even N = 1024 spreads over dozens of SMs
+            block_n = min(max(next_pow2(N) // 256, 16), 256)
+            block_p = 4096 // block_n
+        else:  # the interpreter (interpret.py) pays per program and per operation, not per element
+            block_n, block_p = min(next_pow2(N), 16384), 16
+        strip = tile(block_n, 4)  # fp32 partials
         _launch(
             _sum_partials_kernel, (triton.cdiv(N, block_n), n_sums),
             dict(PARTIALS=partials, OUT=sums, P=groups, N=N),
