@@ -99,8 +99,9 @@ CALLS = {
 }
 
 
-# bf16 x with fp32 weights and fp32 at every regime; fp16 (the same plans as bf16) on two
-COMPILES = [(n, "bf16", "fp32") for n in sorted(REGIMES)] + [(n, "fp32", "fp32") for n in sorted(REGIMES)]
+# bf16 x with fp32 weights at every regime; fp32 on its own three (narrow, mid, chunked forward);
+# fp16 (the same plans as bf16) on two
+COMPILES = [(n, "bf16", "fp32") for n in sorted(REGIMES)] + [(n, "fp32", "fp32") for n in (7, 2880, 20001)]
 COMPILES += [(n, "fp16", "fp16") for n in (2880, 262144)]
 
 
@@ -120,7 +121,7 @@ def test_every_kernel_compiles_for_sm90a(gluon_kernels, n, dtype, param_dtype):
         wide = plan(direction[:3], n, x.element_size()).wide
         names = [c.metadata.name for c in compiled]
         if direction == "fwd":
-            assert names == ["_fwd_chunked_kernel" if wide else "_fwd_row_kernel"], (op, names)
+            assert names == ["_fwd_kernel"], (op, names)
         else:
             main = (["_bwd_row_sums_kernel"] if wide else []) + ["_bwd_kernel"]
             assert names == main + ["_sum_partials_kernel"], (op, direction, names)
@@ -156,6 +157,13 @@ def contract():
     impl = get("gluon")
     if HAS_CUDA:
         return impl, impl.kernels("cuda")
+    import triton
+
+    if tuple(int(v) for v in triton.__version__.split(".")[:2]) < (3, 9):
+        pytest.skip(
+            f"the layout-erased CPU run needs Triton's interpreter from 3.9 (CI's); {triton.__version__}'s "
+            "keeps loop bounds as 1-element arrays, which Python's range() refuses"
+        )
     if os.environ.get("TRITON_INTERPRET") != "1":
         pytest.skip("the layout-erased CPU run needs TRITON_INTERPRET=1 (set by tests/conftest.py without a GPU)")
     erased = dataclasses.replace(
@@ -214,14 +222,11 @@ def _rows(t, n):
     return t.reshape(-1, n)
 
 
-@pytest.mark.parametrize("param_dtype", ["x", "fp32"])
-@pytest.mark.parametrize("dtype", ["bf16", "fp16", "fp32"])
+@pytest.mark.parametrize("dtype,param_dtype", [("bf16", "x"), ("bf16", "fp32"), ("fp16", "fp32"), ("fp32", "x")])
 def test_add_rmsnorm_against_fp64(contract, dtype, param_dtype):
     """y, residual_out (the sum rounded to x's dtype), rstd, and dh with and without
     dresidual_out, dweight in the weight's dtype."""
     _, k = contract
-    if param_dtype == "fp32" and dtype == "fp32":
-        pytest.skip("fp32 weights beside fp32 x: the 'x' case")
     for shape in _shapes(dtype, "bwd"):
         case = make_case("rmsnorm", shape, DTYPES[dtype], DEVICE, seed=1)
         res = make_case("rmsnorm", shape, DTYPES[dtype], DEVICE, seed=2)["x"]
@@ -267,22 +272,15 @@ def test_fp32_weights_beside_16_bit_x(contract, op, dtype):
         x, dy, eps, n = case["x"], case["dy"], case["eps"], shape.n
         w = case["weight"].float()
         b = case["bias"].float() if case["bias"] is not None else None
-        if op == "layernorm":
-            ref = reference.layernorm_fwd(x, w, b, eps)
-            with poisoned_allocations():
-                out = k.layernorm_fwd(x, w, b, eps)
-            dref = reference.layernorm_bwd(dy, x, w, ref[1], ref[2])
-            with poisoned_allocations():
-                dout = k.layernorm_bwd(dy, x, w, ref[1].float(), ref[2].float())
-            xc = _rows(x, n).double() - ref[1].reshape(-1, 1)
-        else:
-            ref = reference.rmsnorm_fwd(x, w, eps)
-            with poisoned_allocations():
-                out = k.rmsnorm_fwd(x, w, eps)
-            dref = reference.rmsnorm_bwd(dy, x, w, ref[1])
-            with poisoned_allocations():
-                dout = k.rmsnorm_bwd(dy, x, w, ref[1].float())
-            xc = _rows(x, n)
+        fwd_args = (x, w, b, eps) if op == "layernorm" else (x, w, eps)
+        ref = getattr(reference, f"{op}_fwd")(*fwd_args)
+        with poisoned_allocations():
+            out = getattr(k, f"{op}_fwd")(*fwd_args)
+        stats = ref[1:]  # (mean, rstd) or (rstd,)
+        dref = getattr(reference, f"{op}_bwd")(dy, x, w, *stats)
+        with poisoned_allocations():
+            dout = getattr(k, f"{op}_bwd")(dy, x, w, *(s.float() for s in stats))
+        xc = _rows(x, n).double() - stats[0].reshape(-1, 1) if op == "layernorm" else _rows(x, n)
         dx_scale, dw_scale = _rms_bwd_scales(_rows(dy, n), xc, w, ref[-1], None)
         scales = (dx_scale.reshape(x.shape), dw_scale, _rows(dy, n).double().square().sum(0).sqrt())
         reports = [compare("y", out[0], ref[0], x.dtype, x.shape)]

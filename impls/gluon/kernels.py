@@ -42,8 +42,10 @@ Design decisions:
   than ``BWD_ROW_MAX`` are cut into column slices, one per program of a row group, whose row
   reductions c1, c2 come from ``_bwd_row_sums_kernel``'s per-(row, slice) sums.
 
-Gluon kernels do not run in Triton's interpreter; without a GPU they are compiled for sm_90a
-(``compile_only``), which the tests do for every op, direction and row regime.
+Without a GPU: Gluon kernels do not run in Triton's interpreter. The tests compile them for sm_90a
+(``compile_only``: every op, direction, row regime and dtype, through the host code below), and
+run their code under the interpreter with the layouts erased (``interpret.py``) against fp64.
+Works with triton 3.6 (the GPU machine's) to 3.9 (CI's): only Gluon operations both have are used.
 """
 
 from __future__ import annotations
@@ -106,83 +108,73 @@ def _affine(y, W, B, cols, col_mask, HAS_WEIGHT: gl.constexpr, HAS_BIAS: gl.cons
 
 # ==================================================================================== forward
 @gluon.jit(do_not_specialize=["M", "eps"])
-def _fwd_row_kernel(
+def _fwd_kernel(
     X, R, W, B, Y, H, MEAN, RSTD,
     M, N, stride_x, stride_r, stride_y, stride_h, eps,
     LAYERNORM: gl.constexpr, HAS_WEIGHT: gl.constexpr, HAS_BIAS: gl.constexpr, HAS_RESIDUAL: gl.constexpr,
-    ROWS: gl.constexpr, BLOCK_N: gl.constexpr, layout: gl.constexpr,
+    ROWS: gl.constexpr, BLOCK_N: gl.constexpr, CHUNKED: gl.constexpr, layout: gl.constexpr,
 ):  # fmt: skip
-    rows = gl.program_id(0) * ROWS + gl.arange(0, ROWS, layout=gl.SliceLayout(1, layout))
-    cols = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, layout))
-    row_mask = rows < M
-    col_mask = cols < N
-    mask = gl.expand_dims(row_mask, 1) & gl.expand_dims(col_mask, 0)
-
-    x = _load_row(X, R, H, rows, cols, mask, stride_x, stride_r, stride_h, HAS_RESIDUAL)
-    if LAYERNORM:
-        mean = _sum(x, axis=1) / N
-        # centre in registers before squaring (two-pass variance): E[x^2] - E[x]^2 cancels badly
-        x = gl.where(mask, x - gl.expand_dims(mean, 1), 0.0)
-        gl.store(MEAN + rows, mean, mask=row_mask)
-    rstd = _rstd(_sum(x * x, axis=1), N, eps)
-    gl.store(RSTD + rows, rstd, mask=row_mask)
-    y = _affine(x * gl.expand_dims(rstd, 1), W, B, cols, col_mask, HAS_WEIGHT, HAS_BIAS)
-    gl.store(Y + _offsets(rows, cols, stride_y), y.to(Y.dtype.element_ty), mask=mask)
-
-
-@gluon.jit(do_not_specialize=["M", "eps"])
-def _fwd_chunked_kernel(
-    X, R, W, B, Y, H, MEAN, RSTD,
-    M, N, stride_x, stride_r, stride_y, stride_h, eps,
-    LAYERNORM: gl.constexpr, HAS_WEIGHT: gl.constexpr, HAS_BIAS: gl.constexpr, HAS_RESIDUAL: gl.constexpr,
-    ROWS: gl.constexpr, BLOCK_N: gl.constexpr, layout: gl.constexpr,
-):  # fmt: skip
+    """One block of ROWS rows per program: the whole row in registers (BLOCK_N >= N), or, with
+    CHUNKED, walked twice in chunks of BLOCK_N columns."""
     rows = gl.program_id(0) * ROWS + gl.arange(0, ROWS, layout=gl.SliceLayout(1, layout))
     chunk = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, layout))
     row_mask = rows < M
-    n_chunks = gl.cdiv(N, BLOCK_N)
-
-    # pass 1: the statistics (and h, stored, for add + RMSNorm)
-    mean = gl.zeros([ROWS], gl.float32, layout=gl.SliceLayout(1, layout))
-    m2 = gl.zeros([ROWS], gl.float32, layout=gl.SliceLayout(1, layout))
-    sum_sq = gl.zeros([ROWS, BLOCK_N], gl.float32, layout=layout)
-    for c in range(0, n_chunks):
-        cols = c * BLOCK_N + chunk
-        mask = gl.expand_dims(row_mask, 1) & gl.expand_dims(cols < N, 0)
-        x = _load_row(X, R, H, rows, cols, mask, stride_x, stride_r, stride_h, HAS_RESIDUAL)
-        if LAYERNORM:
-            seen = gl.cast(c * BLOCK_N, gl.float32)
-            count = gl.cast(gl.minimum(N - c * BLOCK_N, BLOCK_N), gl.float32)
-            chunk_mean = _sum(x, axis=1) / count
-            dev = gl.where(mask, x - gl.expand_dims(chunk_mean, 1), 0.0)
-            delta = chunk_mean - mean
-            mean = mean + delta * (count / (seen + count))
-            m2 = m2 + _sum(dev * dev, axis=1) + delta * delta * (seen * count / (seen + count))
-        else:
-            sum_sq += x * x
-    if LAYERNORM:
-        rstd = _rstd(m2, N, eps)
-        gl.store(MEAN + rows, mean, mask=row_mask)
-    else:
-        rstd = _rstd(_sum(sum_sq, axis=1), N, eps)
-    gl.store(RSTD + rows, rstd, mask=row_mask)
-
-    # pass 2, last chunk first (still in L2): y, from x or from the h pass 1 stored
-    if HAS_RESIDUAL:
-        SRC = H
-        stride_src = stride_h
-    else:
-        SRC = X
-        stride_src = stride_x
-    for i in range(0, n_chunks):
-        cols = (n_chunks - 1 - i) * BLOCK_N + chunk
-        col_mask = cols < N
+    if not CHUNKED:
+        col_mask = chunk < N
         mask = gl.expand_dims(row_mask, 1) & gl.expand_dims(col_mask, 0)
-        x = gl.load(SRC + _offsets(rows, cols, stride_src), mask=mask, other=0.0).to(gl.float32)
+        x = _load_row(X, R, H, rows, chunk, mask, stride_x, stride_r, stride_h, HAS_RESIDUAL)
         if LAYERNORM:
-            x = x - gl.expand_dims(mean, 1)
-        y = _affine(x * gl.expand_dims(rstd, 1), W, B, cols, col_mask, HAS_WEIGHT, HAS_BIAS)
-        gl.store(Y + _offsets(rows, cols, stride_y), y.to(Y.dtype.element_ty), mask=mask)
+            mean = _sum(x, axis=1) / N
+            # centre in registers before squaring (two-pass variance): E[x^2] - E[x]^2 cancels badly
+            x = gl.where(mask, x - gl.expand_dims(mean, 1), 0.0)
+            gl.store(MEAN + rows, mean, mask=row_mask)
+        rstd = _rstd(_sum(x * x, axis=1), N, eps)
+        gl.store(RSTD + rows, rstd, mask=row_mask)
+        y = _affine(x * gl.expand_dims(rstd, 1), W, B, chunk, col_mask, HAS_WEIGHT, HAS_BIAS)
+        gl.store(Y + _offsets(rows, chunk, stride_y), y.to(Y.dtype.element_ty), mask=mask)
+    else:
+        n_chunks = gl.cdiv(N, BLOCK_N)
+        # pass 1: the statistics (and h, stored, for add + RMSNorm)
+        mean = gl.zeros([ROWS], gl.float32, layout=gl.SliceLayout(1, layout))
+        m2 = gl.zeros([ROWS], gl.float32, layout=gl.SliceLayout(1, layout))
+        sum_sq = gl.zeros([ROWS, BLOCK_N], gl.float32, layout=layout)
+        for c in range(0, n_chunks):
+            cols = c * BLOCK_N + chunk
+            mask = gl.expand_dims(row_mask, 1) & gl.expand_dims(cols < N, 0)
+            x = _load_row(X, R, H, rows, cols, mask, stride_x, stride_r, stride_h, HAS_RESIDUAL)
+            if LAYERNORM:
+                seen = gl.cast(c * BLOCK_N, gl.float32)
+                count = gl.cast(gl.minimum(N - c * BLOCK_N, BLOCK_N), gl.float32)
+                chunk_mean = _sum(x, axis=1) / count
+                dev = gl.where(mask, x - gl.expand_dims(chunk_mean, 1), 0.0)
+                delta = chunk_mean - mean
+                mean = mean + delta * (count / (seen + count))
+                m2 = m2 + _sum(dev * dev, axis=1) + delta * delta * (seen * count / (seen + count))
+            else:
+                sum_sq += x * x
+        if LAYERNORM:
+            rstd = _rstd(m2, N, eps)
+            gl.store(MEAN + rows, mean, mask=row_mask)
+        else:
+            rstd = _rstd(_sum(sum_sq, axis=1), N, eps)
+        gl.store(RSTD + rows, rstd, mask=row_mask)
+
+        # pass 2, last chunk first (still in L2): y, from x or from the h pass 1 stored
+        if HAS_RESIDUAL:
+            SRC = H
+            stride_src = stride_h
+        else:
+            SRC = X
+            stride_src = stride_x
+        for i in range(0, n_chunks):
+            cols = (n_chunks - 1 - i) * BLOCK_N + chunk
+            col_mask = cols < N
+            mask = gl.expand_dims(row_mask, 1) & gl.expand_dims(col_mask, 0)
+            x = gl.load(SRC + _offsets(rows, cols, stride_src), mask=mask, other=0.0).to(gl.float32)
+            if LAYERNORM:
+                x = x - gl.expand_dims(mean, 1)
+            y = _affine(x * gl.expand_dims(rstd, 1), W, B, cols, col_mask, HAS_WEIGHT, HAS_BIAS)
+            gl.store(Y + _offsets(rows, cols, stride_y), y.to(Y.dtype.element_ty), mask=mask)
 
 
 # =================================================================================== backward
@@ -403,10 +395,9 @@ def norm_fwd(x, residual, weight, bias, eps, layernorm: bool):
     )  # fmt: skip
     constexprs = dict(
         LAYERNORM=layernorm, HAS_WEIGHT=weight is not None, HAS_BIAS=bias is not None,
-        HAS_RESIDUAL=residual is not None, ROWS=t.rows, BLOCK_N=t.width, layout=t.layout(),
+        HAS_RESIDUAL=residual is not None, ROWS=t.rows, BLOCK_N=t.width, CHUNKED=p.wide, layout=t.layout(),
     )  # fmt: skip
-    kernel = _fwd_chunked_kernel if p.wide else _fwd_row_kernel
-    _launch(kernel, (_grid_rows(M, t),), args, constexprs, t.num_warps)
+    _launch(_fwd_kernel, (_grid_rows(M, t),), args, constexprs, t.num_warps)
     return y, h, mean, rstd
 
 
