@@ -152,6 +152,7 @@ def contract():
     (impls/gluon/interpret.py), which checks everything but the layouts."""
     import dataclasses
 
+    from harness.contract import package
     from harness.registry import get
 
     impl = get("gluon")
@@ -168,7 +169,7 @@ def contract():
         pytest.skip("the layout-erased CPU run needs TRITON_INTERPRET=1 (set by tests/conftest.py without a GPU)")
     erased = dataclasses.replace(
         impl, name="gluon-layouts-erased", devices=("cpu",), entry="impls.gluon.interpret:erased_contract",
-        interpreter="TRITON_INTERPRET",
+        interpreter="TRITON_INTERPRET", requires=(package("triton"),),
     )  # fmt: skip
     return erased, erased.kernels("cpu")
 
@@ -227,7 +228,8 @@ def test_add_rmsnorm_against_fp64(contract, dtype, param_dtype):
     """y, residual_out (the sum rounded to x's dtype), rstd, and dh with and without
     dresidual_out, dweight in the weight's dtype."""
     _, k = contract
-    for shape in _shapes(dtype, "bwd"):
+    # bf16 with fp32 weights on every CPU shape, the other pairs on the smoke rows and the wide path
+    for shape in _shapes("bf16" if (dtype, param_dtype) == ("bf16", "fp32") else "other", "bwd"):
         case = make_case("rmsnorm", shape, DTYPES[dtype], DEVICE, seed=1)
         res = make_case("rmsnorm", shape, DTYPES[dtype], DEVICE, seed=2)["x"]
         dres = make_case("rmsnorm", shape, DTYPES[dtype], DEVICE, seed=3)["dy"]
@@ -290,12 +292,12 @@ def test_fp32_weights_beside_16_bit_x(contract, op, dtype):
         assert not bad, f"{op} {shape.label} {dtype}: {bad}"
 
 
-@pytest.mark.parametrize("n", [64, 262144])
+@pytest.mark.parametrize("n", [64, 20001])  # the row-in-registers paths; the backward's column slices
 @pytest.mark.parametrize("op", ["rmsnorm", "layernorm"])
 def test_overflowing_statistics_give_nan_not_a_finite_value(contract, op, n):
-    """bf16 rows near 1e30: x^2 overflows fp32. torch's LayerNorm returns NaN there; RMSNorm must
-    not return 0 (torch's rms_norm does, a finite wrong value): both give NaN in y and, through the
-    saved rstd, in dx; the rows beside stay finite."""
+    """bf16 rows near 1e30: x^2 overflows fp32. torch's LayerNorm returns NaN there (on the CPU at
+    N = 64; at N = 20001 it returns the bias, a finite wrong value), its rms_norm returns 0: here both
+    give NaN in y and, through the saved rstd, in dx, at every N; the rows beside stay finite."""
     _, k = contract
     g = torch.Generator(device=DEVICE).manual_seed(5)
     x = torch.randn(3, n, generator=g, device=DEVICE)
@@ -307,8 +309,6 @@ def test_overflowing_statistics_give_nan_not_a_finite_value(contract, op, n):
     if op == "layernorm":
         y, mean, rstd = k.layernorm_fwd(x, w, b, 1e-5)
         dx = k.layernorm_bwd(dy, x, w, mean, rstd)[0]
-        torch_y = torch.nn.functional.layer_norm(x.float(), (n,), w.float(), b.float(), 1e-5)
-        assert not torch.isfinite(torch_y[1]).any()  # what the kernels must match
     else:
         y, rstd = k.rmsnorm_fwd(x, w, 1e-5)
         dx = k.rmsnorm_bwd(dy, x, w, rstd)[0]

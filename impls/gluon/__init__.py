@@ -1,4 +1,4 @@
-from harness.contract import Implementation, package
+from harness.contract import Implementation, cuda, package
 
 IMPLEMENTATIONS = [
     Implementation(
@@ -14,7 +14,9 @@ IMPLEMENTATIONS = [
         ),
         ops=("rmsnorm", "layernorm", "add_rmsnorm"),
         devices=("cuda",),
-        requires=(package("triton"), package("triton.experimental.gluon")),
-        sources=("impls/gluon/kernels.py", "impls/gluon/plan.py"),
+        # cuda() first: looking for triton.experimental.gluon imports triton, which on a CPU machine
+        # must wait until Triton's interpreter is switched on (see harness.contract.INTERPRETERS)
+        requires=(cuda(), package("triton"), package("triton.experimental.gluon")),
+        sources=("impls/gluon/kernels.py", "impls/gluon/plan.py", "impls/gluon/interpret.py"),
     )
 ]
