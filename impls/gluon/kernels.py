@@ -37,7 +37,8 @@ Design decisions:
   per-chunk (mean, sum of squared deviations) pairs (Chan et al.), never E[x^2] - E[x]^2.
   add + RMSNorm's second pass reads the h it stored (from L2) instead of x and the residual.
 * Backward: persistent, a grid of a few programs per SM, each walking a contiguous range of row
-  blocks and accumulating dw / db over them in fp32 registers; each writes one partial row and
+  blocks (the next block's loads issued before this block's math) and accumulating dw / db over
+  them in fp32 registers; each writes one partial row and
   ``_sum_partials_kernel`` adds them in a fixed order (deterministic, no atomics). Rows wider
   than ``BWD_ROW_MAX`` are cut into column slices, one per program of a row group, whose row
   reductions c1, c2 come from ``_bwd_row_sums_kernel``'s per-(row, slice) sums.
@@ -190,14 +191,22 @@ def _row_block_range(M, ROWS: gl.constexpr, worker, workers):
 
 
 @gluon.jit
-def _bwd_terms(DY, X, W, MEAN, rows, row_mask, cols, col_mask, stride_dy, stride_x,
-               LAYERNORM: gl.constexpr, HAS_WEIGHT: gl.constexpr):  # fmt: skip
-    """(x - mean or x, dy, g = dy * w) of a [rows, cols] tile, in fp32; padding lanes hold 0."""
+def _load_tiles(DY, X, rows, row_mask, cols, col_mask, stride_dy, stride_x):
+    """x and dy of a [rows, cols] tile in their storage dtype; 0 outside the masks."""
     mask = gl.expand_dims(row_mask, 1) & gl.expand_dims(col_mask, 0)
-    x = gl.load(X + _offsets(rows, cols, stride_x), mask=mask, other=0.0).to(gl.float32)
-    dy = gl.load(DY + _offsets(rows, cols, stride_dy), mask=mask, other=0.0).to(gl.float32)
+    x = gl.load(X + _offsets(rows, cols, stride_x), mask=mask, other=0.0)
+    dy = gl.load(DY + _offsets(rows, cols, stride_dy), mask=mask, other=0.0)
+    return x, dy
+
+
+@gluon.jit
+def _bwd_terms(x, dy, W, MEAN, rows, row_mask, cols, col_mask, LAYERNORM: gl.constexpr, HAS_WEIGHT: gl.constexpr):
+    """(x - mean or x, dy, g = dy * w) in fp32 from ``_load_tiles``' tiles; padding lanes hold 0."""
+    x = x.to(gl.float32)
+    dy = dy.to(gl.float32)
     if LAYERNORM:
         mean = gl.load(MEAN + rows, mask=row_mask, other=0.0)
+        mask = gl.expand_dims(row_mask, 1) & gl.expand_dims(col_mask, 0)
         x = gl.where(mask, x - gl.expand_dims(mean, 1), 0.0)
     g = dy
     if HAS_WEIGHT:
@@ -217,7 +226,8 @@ def _bwd_row_sums_kernel(
     rows = (gl.program_id(0) // SLICES) * ROWS + gl.arange(0, ROWS, layout=gl.SliceLayout(1, layout))
     cols = me * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, layout))
     row_mask = rows < M
-    xc, dy, g = _bwd_terms(DY, X, W, MEAN, rows, row_mask, cols, cols < N, stride_dy, stride_x, LAYERNORM, HAS_WEIGHT)
+    x, dy = _load_tiles(DY, X, rows, row_mask, cols, cols < N, stride_dy, stride_x)
+    xc, dy, g = _bwd_terms(x, dy, W, MEAN, rows, row_mask, cols, cols < N, LAYERNORM, HAS_WEIGHT)
     at = rows.to(gl.int64) * SLICES + me
     gl.store(ROW_SUMS + at, _sum(g * xc, axis=1), mask=row_mask)
     if LAYERNORM:
@@ -243,12 +253,18 @@ def _bwd_kernel(
     col_mask = cols < N
     dw = gl.zeros([BLOCK_N], gl.float32, layout=col_layout)
     db = gl.zeros([BLOCK_N], gl.float32, layout=col_layout)
+    end = gl.minimum(M, last * ROWS)  # rows from here on are the next program's
+    # Software pipelining by hand: the next block's x and dy are loaded before this block's math,
+    # so that a program always has a block in flight while it computes; they wait in registers
+    # in their storage dtype (for 16-bit x, half the registers of the fp32 math).
+    rows = first * ROWS + gl.arange(0, ROWS, layout=row_layout)
+    x_next, dy_next = _load_tiles(DY, X, rows, rows < end, cols, col_mask, stride_dy, stride_x)
     for block in range(first, last):
-        rows = block * ROWS + gl.arange(0, ROWS, layout=row_layout)
-        row_mask = rows < M
+        row_mask = rows < end
         mask = gl.expand_dims(row_mask, 1) & gl.expand_dims(col_mask, 0)
-        xc, dy, g = _bwd_terms(DY, X, W, MEAN, rows, row_mask, cols, col_mask, stride_dy, stride_x,
-                               LAYERNORM, HAS_WEIGHT)  # fmt: skip
+        x, dy = x_next, dy_next
+        x_next, dy_next = _load_tiles(DY, X, rows + ROWS, rows + ROWS < end, cols, col_mask, stride_dy, stride_x)
+        xc, dy, g = _bwd_terms(x, dy, W, MEAN, rows, row_mask, cols, col_mask, LAYERNORM, HAS_WEIGHT)
         rstd = gl.load(RSTD + rows, mask=row_mask, other=0.0)
         if SLICES == 1:
             sum_gxc = _sum(g * xc, axis=1)
@@ -271,6 +287,7 @@ def _bwd_kernel(
         if HAS_WEIGHT:
             dw += _sum(dy * xhat, axis=0)
         gl.store(DX + _offsets(rows, cols, stride_dx), dx.to(DX.dtype.element_ty), mask=mask)
+        rows += ROWS
 
     partial = group.to(gl.int64) * N + cols
     if HAS_WEIGHT:

@@ -17,7 +17,9 @@ since Volta, not on SM counts or clocks):
 * the row stays in registers up to ``FWD_ROW_BYTES`` of x (forward: 32768 16-bit elements, 64
   fp32 registers per thread at 16 warps; ptxas for sm_90a fits them in its 128-register cap
   without spilling, where 32768 fp32 elements spill) and ``BWD_ROW_MAX`` elements (backward: x,
-  dy, dw, db, 16 each, up to 128 registers): wider rows are walked in chunks
+  dy, dw, db, 16 each, and the next block's x and dy prefetched: up to 128 registers; ptxas
+  spills 4-52 bytes per thread in a few fp32 / wide LayerNorm cases, an L1-resident cost far below
+  the row-sums pass a narrower limit would add): wider rows are walked in chunks
   (forward, two passes over the row, the second from L2) or cut into column slices (backward).
 * the persistent backward grid fills each SM with up to 2048 threads of programs (the thread
   limit of an SM from Volta to Hopper), so the grid follows the GPU's SM count at run time.
