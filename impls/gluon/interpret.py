@@ -72,7 +72,7 @@ def erased(module) -> dict:
     for name, f in gluon_fns.items():
         fn = types.FunctionType(f.fn.__code__, scope, f.fn.__name__, f.fn.__defaults__, f.fn.__closure__)
         copies[name] = Interpreted(fn)
-    # Helpers are called as their rewritten Python functions: an interpreted call would patch
+    # Device functions are called as their rewritten Python functions: an interpreted call would patch
     # triton.language again on every call (the kernel's launch has patched it already).
     scope.update({name: f.rewrite() for name, f in copies.items()})
     _ERASED[module] = copies

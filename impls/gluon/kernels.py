@@ -61,7 +61,7 @@ from triton.experimental.gluon import language as gl
 from .plan import Plan, Tile, next_pow2, plan, programs_per_sm, tile
 
 
-# =================================================================================== helpers
+# ========================================================================== device functions
 @gluon.jit
 def _add(a, b):
     return a + b
