@@ -1,0 +1,503 @@
+"""RMSNorm, LayerNorm and add + RMSNorm, forward and backward, hand-written in Gluon
+(``triton.experimental.gluon``: Triton with explicit layouts).
+
+Per row of N elements, all arithmetic in fp32 (x, dy, w, b are upcast right after loading):
+
+    RMSNorm     rstd = 1 / sqrt(mean(x^2) + eps)                            xhat = x * rstd
+    LayerNorm   mean = mean(x),  rstd = 1 / sqrt(mean((x - mean)^2) + eps)  xhat = (x - mean) * rstd
+    add+RMSNorm h = round_x_dtype(x + residual)  (stored: residual_out),     xhat = h * rstd(h)
+    forward     y = xhat * w (+ b)
+    backward    g = dy * w,  c1 = mean(g * xhat),  c2 = mean(g) (LayerNorm; 0 for RMSNorm)
+                dx = rstd * (g - xhat * c1 - c2)  (+ dresidual_out for add+RMSNorm: dh)
+                dw = sum over rows of dy * xhat,   db = sum over rows of dy
+
+One set of kernels serves the three ops through compile-time flags (``LAYERNORM``,
+``HAS_RESIDUAL``, ``HAS_DRESIDUAL``): add + RMSNorm is RMSNorm whose row loader also reads the
+residual and stores the sum, and whose backward adds dresidual_out before dx's one rounding.
+
+Design decisions:
+
+* Layouts are chosen by hand (``plan.py``): a ``BlockedLayout`` of 128-bit vectors per thread
+  along N, threads then warps along N for wide rows, spare warps along M for narrow ones. Row
+  reductions are ``gl.reduce`` sums over that layout (within a warp by shuffles, across warps
+  once through shared memory); per-row values live in ``SliceLayout(1, layout)`` and per-column
+  ones (weight, dw) in ``SliceLayout(0, layout)``, so no layout conversion is needed anywhere.
+* The sum of add + RMSNorm is rounded to x's dtype before the statistics: the unfused model
+  stores h in x's dtype and normalises what it stored, so y must equal rmsnorm(residual_out) as
+  stored, and the backward (which only sees the stored h) must match the forward's statistics.
+* Weights and biases are loaded in their own dtype (x's, or fp32 for mixed precision) and
+  upcast; dw and db are accumulated in fp32 and rounded once, to the weight's dtype.
+* Statistics that overflow give NaN, never a finite wrong value: with |x| near 1e30 in bf16,
+  x^2 overflows fp32 and the sum of squares is inf, so rsqrt gives 0 and y would silently become
+  0 (RMSNorm) or the bias (LayerNorm). ``_rstd`` turns an infinite sum into a NaN rstd, which
+  reaches y and, through the saved rstd, dx (torch's LayerNorm returns NaN there too).
+* Forward: one pass with the whole row in registers up to ``FWD_ROW_BYTES`` of x; wider rows
+  are walked in chunks twice, statistics then y, the second pass last chunk first so that it
+  starts on what the first pass read last (still in L2). LayerNorm's chunked statistics merge
+  per-chunk (mean, sum of squared deviations) pairs (Chan et al.), never E[x^2] - E[x]^2.
+  add + RMSNorm's second pass reads the h it stored (from L2) instead of x and the residual.
+* Backward: persistent, a grid of a few programs per SM, each walking a contiguous range of row
+  blocks (the next block's loads issued before this block's math) and accumulating dw / db over
+  them in fp32 registers; each writes one partial row and
+  ``_sum_partials_kernel`` adds them in a fixed order (deterministic, no atomics). Rows wider
+  than ``BWD_ROW_MAX`` are cut into column slices, one per program of a row group, whose row
+  reductions c1, c2 come from ``_bwd_row_sums_kernel``'s per-(row, slice) sums.
+
+Without a GPU: Gluon kernels do not run in Triton's interpreter. The tests compile them for sm_90a
+(``compile_only``: every op, direction, row regime and dtype, through the host code below), and
+run their code under the interpreter with the layouts erased (``interpret.py``) against fp64.
+Works with triton 3.6 (the GPU machine's) to 3.9 (CI's): only Gluon operations both have are used.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import triton
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+
+from .plan import Plan, Tile, next_pow2, plan, programs_per_sm, tile
+
+
+# ========================================================================== device functions
+@gluon.jit
+def _add(a, b):
+    return a + b
+
+
+@gluon.jit
+def _sum(x, axis: gl.constexpr):
+    """``gl.sum``, with a Gluon combine function: ``gl.sum``'s own is a Triton function, which
+    Triton's interpreter (TRITON_INTERPRET=1, on in CPU test runs) replaces at import time and
+    Gluon's compiler then refuses."""
+    return gl.reduce(x, axis, _add)
+
+
+@gluon.jit
+def _offsets(rows, cols, stride):
+    """[rows, cols] element offsets; rows in int64 (row * stride overflows int32 past 2^31)."""
+    return gl.expand_dims(rows.to(gl.int64) * stride, 1) + gl.expand_dims(cols, 0)
+
+
+@gluon.jit
+def _load_row(X, R, H, rows, cols, mask, stride_x, stride_r, stride_h, HAS_RESIDUAL: gl.constexpr):
+    """The row to normalise, as fp32: x, or h = x + residual rounded to x's dtype and stored."""
+    x = gl.load(X + _offsets(rows, cols, stride_x), mask=mask, other=0.0)
+    if HAS_RESIDUAL:
+        r = gl.load(R + _offsets(rows, cols, stride_r), mask=mask, other=0.0)
+        x = (x.to(gl.float32) + r.to(gl.float32)).to(X.dtype.element_ty)
+        gl.store(H + _offsets(rows, cols, stride_h), x, mask=mask)
+    return x.to(gl.float32)
+
+
+@gluon.jit
+def _rstd(sum_sq, N, eps):
+    """1 / sqrt(sum_sq / N + eps); NaN where the sum of squares overflowed (see the docstring)."""
+    return gl.where(sum_sq == float("inf"), float("nan"), gl.rsqrt(sum_sq / N + eps))
+
+
+@gluon.jit
+def _affine(y, W, B, cols, col_mask, HAS_WEIGHT: gl.constexpr, HAS_BIAS: gl.constexpr):
+    if HAS_WEIGHT:
+        y = y * gl.expand_dims(gl.load(W + cols, mask=col_mask, other=0.0).to(gl.float32), 0)
+    if HAS_BIAS:
+        y = y + gl.expand_dims(gl.load(B + cols, mask=col_mask, other=0.0).to(gl.float32), 0)
+    return y
+
+
+# ==================================================================================== forward
+@gluon.jit(do_not_specialize=["M", "eps"])
+def _fwd_kernel(
+    X, R, W, B, Y, H, MEAN, RSTD,
+    M, N, stride_x, stride_r, stride_y, stride_h, eps,
+    LAYERNORM: gl.constexpr, HAS_WEIGHT: gl.constexpr, HAS_BIAS: gl.constexpr, HAS_RESIDUAL: gl.constexpr,
+    ROWS: gl.constexpr, BLOCK_N: gl.constexpr, CHUNKED: gl.constexpr, layout: gl.constexpr,
+):  # fmt: skip
+    """One block of ROWS rows per program: the whole row in registers (BLOCK_N >= N), or, with
+    CHUNKED, walked twice in chunks of BLOCK_N columns."""
+    rows = gl.program_id(0) * ROWS + gl.arange(0, ROWS, layout=gl.SliceLayout(1, layout))
+    chunk = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, layout))
+    row_mask = rows < M
+    if not CHUNKED:
+        col_mask = chunk < N
+        mask = gl.expand_dims(row_mask, 1) & gl.expand_dims(col_mask, 0)
+        x = _load_row(X, R, H, rows, chunk, mask, stride_x, stride_r, stride_h, HAS_RESIDUAL)
+        if LAYERNORM:
+            mean = _sum(x, axis=1) / N
+            # centre in registers before squaring (two-pass variance): E[x^2] - E[x]^2 cancels badly
+            x = gl.where(mask, x - gl.expand_dims(mean, 1), 0.0)
+            gl.store(MEAN + rows, mean, mask=row_mask)
+        rstd = _rstd(_sum(x * x, axis=1), N, eps)
+        gl.store(RSTD + rows, rstd, mask=row_mask)
+        y = _affine(x * gl.expand_dims(rstd, 1), W, B, chunk, col_mask, HAS_WEIGHT, HAS_BIAS)
+        gl.store(Y + _offsets(rows, chunk, stride_y), y.to(Y.dtype.element_ty), mask=mask)
+    else:
+        n_chunks = gl.cdiv(N, BLOCK_N)
+        # pass 1: the statistics (and h, stored, for add + RMSNorm)
+        mean = gl.zeros([ROWS], gl.float32, layout=gl.SliceLayout(1, layout))
+        m2 = gl.zeros([ROWS], gl.float32, layout=gl.SliceLayout(1, layout))
+        sum_sq = gl.zeros([ROWS, BLOCK_N], gl.float32, layout=layout)
+        for c in range(0, n_chunks):
+            cols = c * BLOCK_N + chunk
+            mask = gl.expand_dims(row_mask, 1) & gl.expand_dims(cols < N, 0)
+            x = _load_row(X, R, H, rows, cols, mask, stride_x, stride_r, stride_h, HAS_RESIDUAL)
+            if LAYERNORM:
+                seen = gl.cast(c * BLOCK_N, gl.float32)
+                count = gl.cast(gl.minimum(N - c * BLOCK_N, BLOCK_N), gl.float32)
+                chunk_mean = _sum(x, axis=1) / count
+                dev = gl.where(mask, x - gl.expand_dims(chunk_mean, 1), 0.0)
+                delta = chunk_mean - mean
+                mean = mean + delta * (count / (seen + count))
+                m2 = m2 + _sum(dev * dev, axis=1) + delta * delta * (seen * count / (seen + count))
+            else:
+                sum_sq += x * x
+        if LAYERNORM:
+            rstd = _rstd(m2, N, eps)
+            gl.store(MEAN + rows, mean, mask=row_mask)
+        else:
+            rstd = _rstd(_sum(sum_sq, axis=1), N, eps)
+        gl.store(RSTD + rows, rstd, mask=row_mask)
+
+        # pass 2, last chunk first (still in L2): y, from x or from the h pass 1 stored
+        if HAS_RESIDUAL:
+            SRC = H
+            stride_src = stride_h
+        else:
+            SRC = X
+            stride_src = stride_x
+        for i in range(0, n_chunks):
+            cols = (n_chunks - 1 - i) * BLOCK_N + chunk
+            col_mask = cols < N
+            mask = gl.expand_dims(row_mask, 1) & gl.expand_dims(col_mask, 0)
+            x = gl.load(SRC + _offsets(rows, cols, stride_src), mask=mask, other=0.0).to(gl.float32)
+            if LAYERNORM:
+                x = x - gl.expand_dims(mean, 1)
+            y = _affine(x * gl.expand_dims(rstd, 1), W, B, cols, col_mask, HAS_WEIGHT, HAS_BIAS)
+            gl.store(Y + _offsets(rows, cols, stride_y), y.to(Y.dtype.element_ty), mask=mask)
+
+
+# =================================================================================== backward
+@gluon.jit
+def _row_block_range(M, ROWS: gl.constexpr, worker, workers):
+    """Worker ``worker``'s contiguous range of row blocks out of ``workers``, sizes differing by
+    at most one, so that no program idles while another finishes a double share."""
+    n_blocks = gl.cdiv(M, ROWS)
+    share = n_blocks // workers
+    extra = n_blocks % workers
+    first = worker * share + gl.minimum(worker, extra)
+    return first, first + share + (worker < extra).to(gl.int32)
+
+
+@gluon.jit
+def _load_tiles(DY, X, rows, row_mask, cols, col_mask, stride_dy, stride_x):
+    """x and dy of a [rows, cols] tile in their storage dtype; 0 outside the masks."""
+    mask = gl.expand_dims(row_mask, 1) & gl.expand_dims(col_mask, 0)
+    x = gl.load(X + _offsets(rows, cols, stride_x), mask=mask, other=0.0)
+    dy = gl.load(DY + _offsets(rows, cols, stride_dy), mask=mask, other=0.0)
+    return x, dy
+
+
+@gluon.jit
+def _bwd_terms(x, dy, W, MEAN, rows, row_mask, cols, col_mask, LAYERNORM: gl.constexpr, HAS_WEIGHT: gl.constexpr):
+    """(x - mean or x, dy, g = dy * w) in fp32 from ``_load_tiles``' tiles; padding lanes hold 0."""
+    x = x.to(gl.float32)
+    dy = dy.to(gl.float32)
+    if LAYERNORM:
+        mean = gl.load(MEAN + rows, mask=row_mask, other=0.0)
+        mask = gl.expand_dims(row_mask, 1) & gl.expand_dims(col_mask, 0)
+        x = gl.where(mask, x - gl.expand_dims(mean, 1), 0.0)
+    g = dy
+    if HAS_WEIGHT:
+        g = dy * gl.expand_dims(gl.load(W + cols, mask=col_mask, other=0.0).to(gl.float32), 0)
+    return x, dy, g
+
+
+@gluon.jit(do_not_specialize=["M"])
+def _bwd_row_sums_kernel(
+    DY, X, W, MEAN, ROW_SUMS,
+    M, N, stride_dy, stride_x,
+    LAYERNORM: gl.constexpr, HAS_WEIGHT: gl.constexpr,
+    ROWS: gl.constexpr, BLOCK_N: gl.constexpr, SLICES: gl.constexpr, layout: gl.constexpr,
+):  # fmt: skip
+    """ROW_SUMS[0, row, s] = sum over slice s of g * (x - mean); ROW_SUMS[1, row, s] = of g."""
+    me = gl.program_id(0) % SLICES
+    rows = (gl.program_id(0) // SLICES) * ROWS + gl.arange(0, ROWS, layout=gl.SliceLayout(1, layout))
+    cols = me * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, layout))
+    row_mask = rows < M
+    x, dy = _load_tiles(DY, X, rows, row_mask, cols, cols < N, stride_dy, stride_x)
+    xc, dy, g = _bwd_terms(x, dy, W, MEAN, rows, row_mask, cols, cols < N, LAYERNORM, HAS_WEIGHT)
+    at = rows.to(gl.int64) * SLICES + me
+    gl.store(ROW_SUMS + at, _sum(g * xc, axis=1), mask=row_mask)
+    if LAYERNORM:
+        gl.store(ROW_SUMS + M * SLICES + at, _sum(g, axis=1), mask=row_mask)
+
+
+@gluon.jit(do_not_specialize=["M"])
+def _bwd_kernel(
+    DY, X, W, MEAN, RSTD, DRES, ROW_SUMS, DX, DW_PARTIAL, DB_PARTIAL,
+    M, N, stride_dy, stride_x, stride_dres, stride_dx,
+    LAYERNORM: gl.constexpr, HAS_WEIGHT: gl.constexpr, HAS_DRESIDUAL: gl.constexpr,
+    ROWS: gl.constexpr, BLOCK_N: gl.constexpr, SLICES: gl.constexpr, SLICES_P2: gl.constexpr,
+    layout: gl.constexpr,
+):  # fmt: skip
+    """Program (group, slice) owns columns [slice * BLOCK_N, +BLOCK_N) of its group's row blocks
+    (SLICES = 1: the whole row, whose reductions it computes itself)."""
+    row_layout: gl.constexpr = gl.SliceLayout(1, layout)
+    col_layout: gl.constexpr = gl.SliceLayout(0, layout)
+    me = gl.program_id(0) % SLICES
+    group = gl.program_id(0) // SLICES
+    first, last = _row_block_range(M, ROWS, group, gl.num_programs(0) // SLICES)
+    cols = me * BLOCK_N + gl.arange(0, BLOCK_N, layout=col_layout)
+    col_mask = cols < N
+    dw = gl.zeros([BLOCK_N], gl.float32, layout=col_layout)
+    db = gl.zeros([BLOCK_N], gl.float32, layout=col_layout)
+    end = gl.minimum(M, last * ROWS)  # rows from here on are the next program's
+    # Software pipelining by hand: the next block's x and dy are loaded before this block's math,
+    # so that a program always has a block in flight while it computes; they wait in registers
+    # in their storage dtype (for 16-bit x, half the registers of the fp32 math).
+    rows = first * ROWS + gl.arange(0, ROWS, layout=row_layout)
+    x_next, dy_next = _load_tiles(DY, X, rows, rows < end, cols, col_mask, stride_dy, stride_x)
+    for block in range(first, last):
+        row_mask = rows < end
+        mask = gl.expand_dims(row_mask, 1) & gl.expand_dims(col_mask, 0)
+        x, dy = x_next, dy_next
+        x_next, dy_next = _load_tiles(DY, X, rows + ROWS, rows + ROWS < end, cols, col_mask, stride_dy, stride_x)
+        xc, dy, g = _bwd_terms(x, dy, W, MEAN, rows, row_mask, cols, col_mask, LAYERNORM, HAS_WEIGHT)
+        rstd = gl.load(RSTD + rows, mask=row_mask, other=0.0)
+        if SLICES == 1:
+            sum_gxc = _sum(g * xc, axis=1)
+            sum_g = _sum(g, axis=1)
+        else:
+            # the slices' sums, added in slice order whichever program computed them: deterministic
+            k = gl.arange(0, SLICES_P2, layout=col_layout)
+            at = gl.expand_dims(rows.to(gl.int64) * SLICES, 1) + gl.expand_dims(k, 0)
+            sums_mask = gl.expand_dims(row_mask, 1) & gl.expand_dims(k < SLICES, 0)
+            sum_gxc = _sum(gl.load(ROW_SUMS + at, mask=sums_mask, other=0.0), axis=1)
+            sum_g = _sum(gl.load(ROW_SUMS + M * SLICES + at, mask=sums_mask, other=0.0), axis=1)
+        xhat = xc * gl.expand_dims(rstd, 1)
+        dx = g - xhat * gl.expand_dims(sum_gxc * rstd / N, 1)
+        if LAYERNORM:
+            dx = dx - gl.expand_dims(sum_g / N, 1)
+            db += _sum(dy, axis=0)
+        dx = dx * gl.expand_dims(rstd, 1)
+        if HAS_DRESIDUAL:
+            dx += gl.load(DRES + _offsets(rows, cols, stride_dres), mask=mask, other=0.0).to(gl.float32)
+        if HAS_WEIGHT:
+            dw += _sum(dy * xhat, axis=0)
+        gl.store(DX + _offsets(rows, cols, stride_dx), dx.to(DX.dtype.element_ty), mask=mask)
+        rows += ROWS
+
+    partial = group.to(gl.int64) * N + cols
+    if HAS_WEIGHT:
+        gl.store(DW_PARTIAL + partial, dw, mask=col_mask)
+    if LAYERNORM:
+        gl.store(DB_PARTIAL + partial, db, mask=col_mask)
+
+
+@gluon.jit
+def _sum_partials_kernel(PARTIALS, OUT, P, N, BLOCK_P: gl.constexpr, BLOCK_N: gl.constexpr, layout: gl.constexpr):
+    """OUT[k, :] = sum over p of PARTIALS[k, p, :] in fp32, always in the same order, rounded
+    once to OUT's dtype (the weight's)."""
+    cols = gl.program_id(0) * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, layout))
+    k = gl.program_id(1).to(gl.int64)
+    acc = gl.zeros([BLOCK_P, BLOCK_N], gl.float32, layout=layout)
+    for p0 in range(0, P, BLOCK_P):
+        p = p0 + gl.arange(0, BLOCK_P, layout=gl.SliceLayout(1, layout))
+        mask = gl.expand_dims(p < P, 1) & gl.expand_dims(cols < N, 0)
+        acc += gl.load(PARTIALS + _offsets(k * P + p, cols, N), mask=mask, other=0.0)
+    gl.store(OUT + k * N + cols, _sum(acc, axis=0).to(OUT.dtype.element_ty), mask=cols < N)
+
+
+# ============================================================================ launching
+# A launch is (kernel, grid, runtime args, compile-time args, warps). On a GPU it runs; in
+# ``compile_only`` mode (no GPU: the tests) it is compiled for sm_90a from the same description,
+# so the host code the GPU runs is the host code the tests exercise.
+_COMPILE_ONLY: list = []  # a stack of lists collecting compiled kernels
+_INTERPRETED: list = []  # a stack of {kernel name: interpreted copy} (interpret.layouts_erased)
+# Without a GPU (compile_only, or the interpreter) grids are sized for one SM: the interpreter
+# pays per program, and the persistent backward's programs then each walk several row blocks.
+SM_COUNT_WITHOUT_GPU = 1
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def sm_count(device: torch.device) -> int:
+    if device.type != "cuda":
+        return SM_COUNT_WITHOUT_GPU
+    return _sm_count(device.index if device.index is not None else torch.cuda.current_device())
+
+
+def _launch(kernel, grid, args: dict, constexprs: dict, num_warps: int):
+    if _COMPILE_ONLY:
+        _COMPILE_ONLY[-1].append(compile_kernel(kernel, args, constexprs, num_warps))
+        return
+    if _INTERPRETED:
+        _INTERPRETED[-1][kernel.fn.__name__][grid](**args, **constexprs)
+        return
+    kernel[grid](**args, **constexprs, num_warps=num_warps)
+
+
+_SIG = {torch.bfloat16: "*bf16", torch.float16: "*fp16", torch.float32: "*fp32"}
+
+
+def compile_kernel(kernel, args: dict, constexprs: dict, num_warps: int, capability: int = 90):
+    """Compile ``kernel`` for ``sm_<capability>`` without a GPU, specialised as a launch with
+    these arguments would be (16-byte aligned pointers, strides divisible by 16 where they are)."""
+    from triton.backends.compiler import GPUTarget
+
+    try:
+        from triton.experimental.gluon import GluonASTSource  # triton >= 3.7
+    except ImportError:
+        from triton.experimental.gluon._runtime import GluonASTSource  # triton 3.6
+
+    signature, attrs = {}, {}
+    for name in kernel.arg_names:
+        if name in constexprs:
+            signature[name] = "constexpr"
+            continue
+        value = args[name]
+        index = (kernel.arg_names.index(name),)
+        if isinstance(value, torch.Tensor):
+            signature[name] = _SIG[value.dtype]
+            attrs[index] = [["tt.divisibility", 16]]
+        elif isinstance(value, float):
+            signature[name] = "fp32"
+        else:
+            signature[name] = "i32"
+            if value % 16 == 0 and name not in kernel.do_not_specialize:
+                attrs[index] = [["tt.divisibility", 16]]
+    src = GluonASTSource(kernel, signature, constexprs, attrs)
+    target = GPUTarget("cuda", capability, 32)
+    return triton.compile(src, target=target, options={"num_warps": num_warps})
+
+
+class compile_only:
+    """``with compile_only() as compiled:`` the contract functions compile their kernels for
+    sm_90a instead of launching them (their outputs stay unwritten); ``compiled`` lists them."""
+
+    def __enter__(self):
+        _COMPILE_ONLY.append([])
+        return _COMPILE_ONLY[-1]
+
+    def __exit__(self, *exc):
+        _COMPILE_ONLY.pop()
+        return False
+
+
+def _grid_rows(m: int, t: Tile) -> int:
+    return triton.cdiv(m, t.rows)
+
+
+# ============================================================================ forward (host)
+def norm_fwd(x, residual, weight, bias, eps, layernorm: bool):
+    """(y, h or None, mean or None, rstd)."""
+    M, N = x.shape
+    p: Plan = plan("fwd", N, x.element_size())
+    t = p.tile
+    y = torch.empty((M, N), dtype=x.dtype, device=x.device)
+    h = torch.empty((M, N), dtype=x.dtype, device=x.device) if residual is not None else None
+    rstd = torch.empty(M, dtype=torch.float32, device=x.device)
+    mean = torch.empty(M, dtype=torch.float32, device=x.device) if layernorm else None
+    args = dict(
+        X=x, R=x if residual is None else residual,  # x, rstd: placeholders, never read
+        W=x if weight is None else weight, B=x if bias is None else bias,
+        Y=y, H=y if h is None else h, MEAN=rstd if mean is None else mean, RSTD=rstd,
+        M=M, N=N, stride_x=x.stride(0), stride_r=(x if residual is None else residual).stride(0),
+        stride_y=y.stride(0), stride_h=(y if h is None else h).stride(0), eps=eps,
+    )  # fmt: skip
+    constexprs = dict(
+        LAYERNORM=layernorm, HAS_WEIGHT=weight is not None, HAS_BIAS=bias is not None,
+        HAS_RESIDUAL=residual is not None, ROWS=t.rows, BLOCK_N=t.width, CHUNKED=p.wide, layout=t.layout(),
+    )  # fmt: skip
+    _launch(_fwd_kernel, (_grid_rows(M, t),), args, constexprs, t.num_warps)
+    return y, h, mean, rstd
+
+
+# =========================================================================== backward (host)
+def norm_bwd(dy, dres, x, weight, mean, rstd, layernorm: bool):
+    """(dx, dw or None, db or None); dw and db in the weight's dtype (x's when there is none)."""
+    M, N = x.shape
+    p: Plan = plan("bwd", N, x.element_size())
+    t = p.tile
+    slices = p.pieces
+    has_weight = weight is not None
+    dx = torch.empty((M, N), dtype=x.dtype, device=x.device)
+    n_sums = int(has_weight) + int(layernorm)
+    sums = torch.empty((n_sums, N), dtype=weight.dtype if has_weight else x.dtype, device=x.device)
+    # one partial row of dw / db per row group
+    groups = min(_grid_rows(M, t), max(1, programs_per_sm(t) * sm_count(x.device) // slices))
+    partials = torch.empty((max(n_sums, 1), groups, N), dtype=torch.float32, device=x.device)
+    w = x if weight is None else weight  # x, rstd: placeholders, never read
+    mean = rstd if mean is None else mean
+    row_sums = rstd
+    layout = t.layout()
+    if slices > 1:
+        row_sums = torch.empty((2, M, slices), dtype=torch.float32, device=x.device)
+        _launch(
+            _bwd_row_sums_kernel, (slices * _grid_rows(M, t),),
+            dict(DY=dy, X=x, W=w, MEAN=mean, ROW_SUMS=row_sums, M=M, N=N, stride_dy=dy.stride(0), stride_x=x.stride(0)),
+            dict(LAYERNORM=layernorm, HAS_WEIGHT=has_weight, ROWS=t.rows, BLOCK_N=t.width, SLICES=slices, layout=layout),
+            t.num_warps,
+        )  # fmt: skip
+    args = dict(
+        DY=dy, X=x, W=w, MEAN=mean, RSTD=rstd, DRES=dy if dres is None else dres, ROW_SUMS=row_sums,
+        DX=dx, DW_PARTIAL=partials[0], DB_PARTIAL=partials[n_sums - 1],
+        M=M, N=N, stride_dy=dy.stride(0), stride_x=x.stride(0),
+        stride_dres=(dy if dres is None else dres).stride(0), stride_dx=dx.stride(0),
+    )  # fmt: skip
+    constexprs = dict(
+        LAYERNORM=layernorm, HAS_WEIGHT=has_weight, HAS_DRESIDUAL=dres is not None,
+        ROWS=t.rows, BLOCK_N=t.width, SLICES=slices, SLICES_P2=next_pow2(slices), layout=layout,
+    )  # fmt: skip
+    _launch(_bwd_kernel, (groups * slices,), args, constexprs, t.num_warps)
+    if n_sums:
+        if x.is_cuda or _COMPILE_ONLY:
+            # narrow column strips, so that even N = 1024 spreads over dozens of SMs
+            block_n = min(max(next_pow2(N) // 256, 16), 256)
+            block_p = 4096 // block_n
+        else:  # the interpreter (interpret.py) pays per program and per operation, not per element
+            block_n, block_p = min(next_pow2(N), 16384), 16
+        strip = tile(block_n, 4)  # fp32 partials
+        _launch(
+            _sum_partials_kernel, (triton.cdiv(N, block_n), n_sums),
+            dict(PARTIALS=partials, OUT=sums, P=groups, N=N),
+            dict(BLOCK_P=block_p, BLOCK_N=block_n, layout=strip.layout()), strip.num_warps,
+        )  # fmt: skip
+    dw = sums[0] if has_weight else None
+    db = sums[n_sums - 1] if layernorm else None
+    return dx, dw, db
+
+
+# ============================================================================ the contract
+def rmsnorm_fwd(x, weight, eps):
+    y, _, _, rstd = norm_fwd(x, None, weight, None, eps, layernorm=False)
+    return y, rstd
+
+
+def rmsnorm_bwd(dy, x, weight, rstd):
+    dx, dw, _ = norm_bwd(dy, None, x, weight, None, rstd, layernorm=False)
+    return dx, dw
+
+
+def layernorm_fwd(x, weight, bias, eps):
+    y, _, mean, rstd = norm_fwd(x, None, weight, bias, eps, layernorm=True)
+    return y, mean, rstd
+
+
+def layernorm_bwd(dy, x, weight, mean, rstd):
+    return norm_bwd(dy, None, x, weight, mean, rstd, layernorm=True)
+
+
+def add_rmsnorm_fwd(x, residual, weight, eps):
+    y, h, _, rstd = norm_fwd(x, residual, weight, None, eps, layernorm=False)
+    return y, h, rstd
+
+
+def add_rmsnorm_bwd(dy, dresidual_out, residual_out, weight, rstd):
+    dh, dw, _ = norm_bwd(dy, dresidual_out, residual_out, weight, None, rstd, layernorm=False)
+    return dh, dw

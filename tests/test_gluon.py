@@ -1,0 +1,317 @@
+"""Gluon kernels: the launch plans, a compile for sm_90a of every op x direction x row regime x
+dtype (Gluon does not run in Triton's interpreter, so without a GPU this is what CI can check), and
+against fp64 (every op, add + RMSNorm, fp32 weights beside 16-bit x, overflowing statistics): the
+Gluon kernels on a GPU, their code with layouts erased under Triton's interpreter on the CPU."""
+
+import importlib.util
+import os
+
+import pytest
+import torch
+
+from harness import reference
+from harness.checker import compare, poisoned_allocations
+from harness.contract import DTYPES
+from harness.inputs import make_case
+from harness.shapes import SHAPE_SETS
+
+from .conftest import DEVICE, HAS_CUDA
+
+pytestmark = pytest.mark.skipif(
+    importlib.util.find_spec("triton") is None or importlib.util.find_spec("triton.experimental.gluon") is None,
+    reason="triton with triton.experimental.gluon is not installed",
+)
+
+# one shape per row regime, from the shared shape sets: rows narrower than a warp (N = 7), a
+# mid-size odd row (1001), a row held in registers by many warps (2880), wide rows on the chunked
+# forward / sliced backward paths (20001: fp32 only for the forward; 262144: every dtype)
+REGIMES = {s.n: s for s in SHAPE_SETS["smoke"] + SHAPE_SETS["edge"] if s.n in (7, 1001, 2880, 20001, 262144)}
+
+
+# ------------------------------------------------------------------------------- launch plans
+def test_plans_use_128_bit_vectors_and_whole_warps():
+    from impls.gluon.plan import VECTOR_BYTES, WARP, next_pow2, plan
+
+    for n in sorted({s.n for shapes in SHAPE_SETS.values() for s in shapes if s.n} | {1, 2, 31, 65537}):
+        for elem in (2, 4):
+            for direction in ("fwd", "bwd"):
+                p = plan(direction, n, elem)
+                t = p.tile
+                assert t.threads[0] * t.threads[1] == WARP, (n, elem, t)
+                # 16-byte vectors unless the row is narrower than one
+                assert t.vec * elem == VECTOR_BYTES or t.vec == t.width, (n, elem, t)
+                # threads and warps along N never exceed the tile: no lane holds a copy of another's
+                assert t.vec * t.threads[1] * t.warps[1] <= t.width, (n, elem, t)
+                assert p.pieces * t.width >= n, (n, elem, p)
+                if p.pieces == 1:
+                    assert t.width == next_pow2(n)
+                else:
+                    assert (p.pieces - 1) * t.width < n, (n, elem, p)
+
+
+def test_plan_rejects_bad_arguments():
+    from impls.gluon.plan import plan, tile
+
+    with pytest.raises(ValueError, match="direction"):
+        plan("sideways", 64, 2)
+    with pytest.raises(ValueError, match="N must be"):
+        plan("fwd", 0, 2)
+    with pytest.raises(ValueError, match="power of two"):
+        tile(1000, 2)
+
+
+# ---------------------------------------------------------------------------- compile for sm_90a
+@pytest.fixture(scope="module")
+def gluon_kernels():
+    """The kernels module, after checking that one kernel compiles here; a skip with the exact
+    reason when the toolchain (Triton's compiler or its ptxas) cannot."""
+    from impls.gluon import kernels
+
+    x = torch.ones(1, 16, dtype=torch.float32)
+    try:
+        with kernels.compile_only() as compiled:
+            kernels.rmsnorm_fwd(x, None, 1e-5)
+    except Exception as e:  # the reason is the test's result: skip with it
+        pytest.skip(f"Gluon cannot compile for sm_90a here: {type(e).__name__}: {str(e).splitlines()[0][:300]}")
+    assert compiled and compiled[0].asm.get("cubin")
+    return kernels
+
+
+def _inputs(shape, dtype, param_dtype):
+    """The shared case's tensors, made on the CPU (compile_only only reads dtypes and strides)."""
+    case = make_case("layernorm", shape, dtype)
+    x = case["x"].reshape(-1, shape.n)
+    dy = case["dy"].reshape(-1, shape.n)
+    w, b = case["weight"].to(param_dtype), case["bias"].to(param_dtype)
+    stat = torch.ones(x.shape[0], dtype=torch.float32)
+    return x, dy, w, b, stat
+
+
+CALLS = {
+    ("rmsnorm", "fwd"): lambda k, x, dy, w, b, s: k.rmsnorm_fwd(x, w, 1e-5),
+    ("rmsnorm", "bwd"): lambda k, x, dy, w, b, s: k.rmsnorm_bwd(dy, x, w, s),
+    ("layernorm", "fwd"): lambda k, x, dy, w, b, s: k.layernorm_fwd(x, w, b, 1e-5),
+    ("layernorm", "bwd"): lambda k, x, dy, w, b, s: k.layernorm_bwd(dy, x, w, s, s),
+    ("add_rmsnorm", "fwd"): lambda k, x, dy, w, b, s: k.add_rmsnorm_fwd(x, dy, w, 1e-5),
+    ("add_rmsnorm", "bwd"): lambda k, x, dy, w, b, s: k.add_rmsnorm_bwd(dy, x, x, w, s),
+    ("add_rmsnorm", "bwd-no-dresidual"): lambda k, x, dy, w, b, s: k.add_rmsnorm_bwd(dy, None, x, w, s),
+    ("layernorm", "bwd-no-affine"): lambda k, x, dy, w, b, s: k.layernorm_bwd(dy, x, None, s, s),
+}
+
+
+# bf16 x with fp32 weights at every regime; fp32 on its own three (narrow, mid, chunked forward);
+# fp16 (the same plans as bf16) on two
+COMPILES = [(n, "bf16", "fp32") for n in sorted(REGIMES)] + [(n, "fp32", "fp32") for n in (7, 2880, 20001)]
+COMPILES += [(n, "fp16", "fp16") for n in (2880, 262144)]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("n,dtype,param_dtype", COMPILES, ids=[f"{n}-{d}-{p}weight" for n, d, p in COMPILES])
+def test_every_kernel_compiles_for_sm90a(gluon_kernels, n, dtype, param_dtype):
+    """Each op and direction compiles to a cubin through the host code the GPU runs, with
+    128-bit global accesses wherever the row stride allows them."""
+    from impls.gluon.plan import plan
+
+    k = gluon_kernels
+    shape = REGIMES[n]
+    x, dy, w, b, s = _inputs(shape, DTYPES[dtype], DTYPES[param_dtype])
+    for (op, direction), call in CALLS.items():
+        with k.compile_only() as compiled:
+            call(k, x, dy, w, b, s)
+        wide = plan(direction[:3], n, x.element_size()).wide
+        names = [c.metadata.name for c in compiled]
+        if direction == "fwd":
+            assert names == ["_fwd_kernel"], (op, names)
+        else:
+            main = (["_bwd_row_sums_kernel"] if wide else []) + ["_bwd_kernel"]
+            assert names == main + ["_sum_partials_kernel"], (op, direction, names)
+        for c in compiled:
+            assert len(c.asm["cubin"]) > 1000, (op, direction, c.metadata.name)
+            ptx = c.asm["ptx"]
+            assert ".target sm_90a" in ptx
+            if x.stride(0) * x.element_size() % 16 == 0 and c.metadata.name != "_sum_partials_kernel":
+                assert "ld.global.v4" in ptx, f"{op} {direction} {c.metadata.name}: no 128-bit loads"
+
+
+def test_compile_only_leaves_nothing_launched(gluon_kernels):
+    """Outside ``compile_only`` a CPU tensor reaches a real launch, which fails loudly (no GPU)."""
+    k = gluon_kernels
+    x = torch.ones(2, 16)
+    with k.compile_only() as compiled:
+        k.rmsnorm_fwd(x, None, 1e-5)
+    assert len(compiled) == 1
+    with pytest.raises(Exception):
+        k.rmsnorm_fwd(x, None, 1e-5)
+
+
+# ---------------------------------------------- against fp64: on a GPU, or layout-erased on the CPU
+@pytest.fixture(scope="module")
+def contract():
+    """The contract functions, validated by the harness: on a GPU the Gluon kernels themselves;
+    on the CPU the same kernels' code under Triton's interpreter with layouts erased
+    (impls/gluon/interpret.py), which checks everything but the layouts."""
+    import dataclasses
+
+    from harness.contract import package
+    from harness.registry import get
+
+    impl = get("gluon")
+    if HAS_CUDA:
+        return impl, impl.kernels("cuda")
+    import triton
+
+    if tuple(int(v) for v in triton.__version__.split(".")[:2]) < (3, 9):
+        pytest.skip(
+            f"the layout-erased CPU run needs Triton's interpreter from 3.9 (CI's); {triton.__version__}'s "
+            "keeps loop bounds as 1-element arrays, which Python's range() refuses"
+        )
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("the layout-erased CPU run needs TRITON_INTERPRET=1 (set by tests/conftest.py without a GPU)")
+    erased = dataclasses.replace(
+        impl, name="gluon-layouts-erased", devices=("cpu",), entry="impls.gluon.interpret:erased_contract",
+        interpreter="TRITON_INTERPRET", requires=(package("triton"),),
+    )  # fmt: skip
+    return erased, erased.kernels("cpu")
+
+
+# On the CPU the interpreter pays per program: every row regime, few rows. Beside the smoke rows:
+# a strided 3-D case, 19 row blocks over 16 persistent programs (some walk two: the backward's
+# loop), the backward's column slices (N = 20001: 3 slices; fp32's forward chunks), bf16's forward
+# chunks (N = 262144; its backward slices are N = 20001's path, 14 s more in the interpreter).
+_EDGE = {s.label: s for s in SHAPE_SETS["edge"]}
+CPU_SHAPES = tuple(s for s in SHAPE_SETS["smoke"] if s.m == 3) + tuple(
+    _EDGE[label] for label in ("2x5x1003:column-slice", "37x1001", "3x20001", "2x262144")
+)
+# other dtypes than bf16: the smoke rows and the wide path
+CPU_SHAPES_OTHER = tuple(s for s in CPU_SHAPES if s.m == 3 and s.n != 1000)
+
+
+def _shapes(dtype, direction="fwd"):
+    if HAS_CUDA:
+        return SHAPE_SETS["smoke"] + SHAPE_SETS["edge"]
+    shapes = CPU_SHAPES if dtype == "bf16" else CPU_SHAPES_OTHER
+    return tuple(s for s in shapes if direction == "fwd" or s.n != 262144)
+
+
+@pytest.mark.parametrize("direction", ["fwd", "bwd"])
+@pytest.mark.parametrize("op", ["rmsnorm", "layernorm"])
+@pytest.mark.parametrize("dtype", ["bf16", "fp16", "fp32"])
+def test_norms_against_fp64(contract, op, direction, dtype):
+    """The harness's own check (harness.checker.run_check), every shape regime."""
+    from harness.checker import run_check
+
+    impl, k = contract
+    bad = []
+    for shape in _shapes(dtype, direction):
+        r = run_check(impl, op, direction, shape, dtype, DEVICE, kernels=k)
+        if not r.passed:
+            bad.append(f"{shape.label}: {r.status} {r.summary()}")
+    assert not bad, "\n".join(bad)
+
+
+def _rms_bwd_scales(dy, h, w, rstd, dres):
+    """The checker's tolerance scales for RMSNorm's backward on h (harness.checker._check_tensors),
+    with |dresidual_out| added to dh's."""
+    dy64, r64 = dy.double(), rstd.reshape(-1, 1)
+    dx_terms = (dy64 * (w.double() if w is not None else 1.0) * r64).abs()
+    if dres is not None:
+        dx_terms = dx_terms + dres.double().abs()
+    return dx_terms, (dy64 * h.double() * r64).square().sum(0).sqrt()
+
+
+def _rows(t, n):
+    return t.reshape(-1, n)
+
+
+@pytest.mark.parametrize("dtype,param_dtype", [("bf16", "x"), ("bf16", "fp32"), ("fp16", "fp32"), ("fp32", "x")])
+def test_add_rmsnorm_against_fp64(contract, dtype, param_dtype):
+    """y, residual_out (the sum rounded to x's dtype), rstd, and dh with and without
+    dresidual_out, dweight in the weight's dtype."""
+    _, k = contract
+    # bf16 with fp32 weights on every CPU shape, the other pairs on the smoke rows and the wide path
+    for shape in _shapes("bf16" if (dtype, param_dtype) == ("bf16", "fp32") else "other", "bwd"):
+        case = make_case("rmsnorm", shape, DTYPES[dtype], DEVICE, seed=1)
+        res = make_case("rmsnorm", shape, DTYPES[dtype], DEVICE, seed=2)["x"]
+        dres = make_case("rmsnorm", shape, DTYPES[dtype], DEVICE, seed=3)["dy"]
+        x, dy, w, n = case["x"], case["dy"], case["weight"], shape.n
+        w = w if param_dtype == "x" else w.float()
+        y_ref, h_ref, rstd_ref = reference.add_rmsnorm_fwd(x, res, w, case["eps"])
+        with poisoned_allocations():
+            y, h, rstd = k.add_rmsnorm_fwd(x, res, w, case["eps"])
+        if HAS_CUDA or dtype != "bf16":
+            # the sum rounded once to x's dtype, bit for bit what the unfused pair stores
+            assert torch.equal(h, (x.float() + res.float()).to(x.dtype)), f"{shape.label}: residual_out"
+        else:
+            # Triton's interpreter truncates fp32 -> bf16 (a GPU rounds to nearest even): here h is
+            # within an ulp of the rounded sum, and y and rstd must be those of h as it was stored
+            y_ref, rstd_ref = reference.rmsnorm_fwd(h, w, case["eps"])
+        reports = [
+            compare("y", y, y_ref, x.dtype, x.shape),
+            compare("residual_out", h, h_ref, x.dtype, x.shape),
+            compare("rstd", rstd, rstd_ref, torch.float32, x.shape[:-1]),
+        ]
+        h_in = h_ref.to(x.dtype)  # the backward gets residual_out as the unfused model stored it
+        for d in (dres, None):
+            dh_ref, dw_ref = reference.add_rmsnorm_bwd(dy, d, h_in, w, rstd_ref)
+            with poisoned_allocations():
+                dh, dw = k.add_rmsnorm_bwd(dy, d, h_in, w, rstd_ref.float())
+            dh_scale, dw_scale = _rms_bwd_scales(_rows(dy, n), _rows(h_in, n), w, rstd_ref, None if d is None else _rows(d, n))
+            reports += [
+                compare("dh" if d is not None else "dh (no dresidual_out)", dh, dh_ref, x.dtype, x.shape, dh_scale.reshape(x.shape)),
+                compare("dweight", dw, dw_ref, w.dtype, w.shape, dw_scale),
+            ]
+        bad = [f"{r.name}: {r.reason}" for r in reports if not r.passed]
+        assert not bad, f"{shape.label} {dtype} weight {param_dtype}: {bad}"
+
+
+@pytest.mark.parametrize("op", ["rmsnorm", "layernorm"])
+@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+def test_fp32_weights_beside_16_bit_x(contract, op, dtype):
+    """y, dx in x's dtype; dweight, dbias in fp32 (the weight's), all against fp64."""
+    _, k = contract
+    for shape in _shapes(dtype, "bwd"):
+        case = make_case(op, shape, DTYPES[dtype], DEVICE, seed=4)
+        x, dy, eps, n = case["x"], case["dy"], case["eps"], shape.n
+        w = case["weight"].float()
+        b = case["bias"].float() if case["bias"] is not None else None
+        fwd_args = (x, w, b, eps) if op == "layernorm" else (x, w, eps)
+        ref = getattr(reference, f"{op}_fwd")(*fwd_args)
+        with poisoned_allocations():
+            out = getattr(k, f"{op}_fwd")(*fwd_args)
+        stats = ref[1:]  # (mean, rstd) or (rstd,)
+        dref = getattr(reference, f"{op}_bwd")(dy, x, w, *stats)
+        with poisoned_allocations():
+            dout = getattr(k, f"{op}_bwd")(dy, x, w, *(s.float() for s in stats))
+        xc = _rows(x, n).double() - stats[0].reshape(-1, 1) if op == "layernorm" else _rows(x, n)
+        dx_scale, dw_scale = _rms_bwd_scales(_rows(dy, n), xc, w, ref[-1], None)
+        scales = (dx_scale.reshape(x.shape), dw_scale, _rows(dy, n).double().square().sum(0).sqrt())
+        reports = [compare("y", out[0], ref[0], x.dtype, x.shape)]
+        names, dtypes, shapes_ = ("dx", "dweight", "dbias"), (x.dtype, torch.float32, torch.float32), (x.shape, w.shape, w.shape)
+        reports += [compare(*a) for a in zip(names, dout, dref, dtypes, shapes_, scales)]
+        bad = [f"{r.name}: {r.reason}" for r in reports if not r.passed]
+        assert not bad, f"{op} {shape.label} {dtype}: {bad}"
+
+
+@pytest.mark.parametrize("n", [64, 20001])  # the row-in-registers paths; the backward's column slices
+@pytest.mark.parametrize("op", ["rmsnorm", "layernorm"])
+def test_overflowing_statistics_give_nan_not_a_finite_value(contract, op, n):
+    """bf16 rows near 1e30: x^2 overflows fp32. torch's LayerNorm returns NaN there (on the CPU at
+    N = 64; at N = 20001 it returns the bias, a finite wrong value), its rms_norm returns 0: here both
+    give NaN in y and, through the saved rstd, in dx, at every N; the rows beside stay finite."""
+    _, k = contract
+    g = torch.Generator(device=DEVICE).manual_seed(5)
+    x = torch.randn(3, n, generator=g, device=DEVICE)
+    x[1] *= 1e30
+    x = x.to(torch.bfloat16)
+    dy = torch.randn(3, n, generator=g, device=DEVICE).to(torch.bfloat16)
+    w = torch.ones(n, device=DEVICE, dtype=torch.bfloat16)
+    b = torch.full((n,), 0.5, device=DEVICE, dtype=torch.bfloat16)
+    if op == "layernorm":
+        y, mean, rstd = k.layernorm_fwd(x, w, b, 1e-5)
+        dx = k.layernorm_bwd(dy, x, w, mean, rstd)[0]
+    else:
+        y, rstd = k.rmsnorm_fwd(x, w, 1e-5)
+        dx = k.rmsnorm_bwd(dy, x, w, rstd)[0]
+    for name, t in (("y", y), ("dx", dx)):
+        assert not torch.isfinite(t[1]).any(), f"{name}: an overflowed row came back finite"
+        assert torch.isfinite(t[[0, 2]]).all(), f"{name}: a row beside the overflowed one is not finite"
