@@ -183,7 +183,7 @@ def test_bad_arguments_are_clear_errors():
     with pytest.raises(ValueError, match="weight_offset"):
         RMSNorm(64, elementwise_affine=False, weight_offset=1.0)
     with pytest.raises(ValueError, match="does not provide add_rmsnorm"):
-        AddRMSNorm(64, impl="triton")
+        AddRMSNorm(64, impl="triton-layernorm-claude-20261122-1")
     with pytest.raises(ValueError, match="residual"):
         add_rmsnorm(x, x[:2], None, EPS, counting_impl.RECORD)
     with pytest.raises(TypeError, match="impl"):
