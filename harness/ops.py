@@ -9,6 +9,17 @@ Tensor kinds (what shape and dtype a tensor has, given x of shape (M, N)):
     rows   (M, N) in x's dtype                  x, dy, y, dx, residual, residual_out, dh, ...
     stat   (M,) fp32                            rstd, mean
     param  (N,) in the weight's dtype           weight, bias, dweight, dbias (x's dtype or fp32)
+
+A backward's arguments come by name: an argument the forward returns (rstd, residual_out) is taken
+from the forward's outputs, every other one (dy, x, weight) from the drawn case. That one rule is how
+the checker, the benchmark's callables and the overhead measurement wire a backward, for every op.
+
+Weight variants (``WEIGHTS``), an axis of checks and benchmark points beside the dtype:
+    same    weight and bias in x's dtype (the default, and the only variant of older results)
+    fp32    weight and bias in fp32 beside 16-bit x (mixed precision)
+    offset  Gemma's y = xhat * (1 + w): w drawn small, stored in x's dtype, and passed to the kernels
+            as ``effective_weight(w, 1.0)``, fp32; the add is in fp32 because in bf16 it would
+            round 1 + w back to 1 and lose w
 """
 
 from __future__ import annotations
@@ -58,13 +69,42 @@ class Op:
     params: tuple[str, ...] = ("weight",)  # (N,) parameters, in the order the forward takes them
     tritonbench: str | None = None  # TritonBench's operator of this op, where it has one
     description: str = ""
+    # checked on inputs whose squares overflow fp32 (harness.inputs.OVERFLOW): NaN or the right
+    # answer, never a finite wrong one. LayerNorm only: torch's LayerNorm returns NaN there (its
+    # Welford variance goes inf - inf), its RMSNorm returns y = 0 (rsqrt(inf) = 0), which every
+    # kernel here reproduces; holding RMSNorm to NaN would fail torch itself.
+    overflow: bool = False
 
     @property
     def stats(self) -> tuple[str, ...]:
         return tuple(a.name for a in self.fwd_outputs if a.kind == "stat")
 
+    @property
+    def normed(self) -> str:
+        """The row tensor the backward differentiates the norm at (x, or residual_out)."""
+        return next(a.name for a in self.bwd_args[1:] if a.kind == "rows" and not a.optional)
+
     def function(self, direction: str) -> str:
         return f"{self.name}_{direction}"
+
+    def reference(self, direction: str) -> Callable:
+        return {"fwd": self.reference_fwd, "bwd": self.reference_bwd}[direction]
+
+    def fwd_call(self, case: dict) -> tuple:
+        """The forward's arguments, in contract order, from a drawn case."""
+        return tuple(case[a.name] for a in self.fwd_args)
+
+    def bwd_call(self, case: dict, fwd_out) -> tuple:
+        """The backward's arguments: what the forward returned (``fwd_out``, in ``fwd_outputs``
+        order) where the forward returns it, the case's tensor otherwise."""
+        produced = {a.name: t for a, t in zip(self.fwd_outputs, fwd_out)}
+        return tuple(produced[a.name] if a.name in produced else case[a.name] for a in self.bwd_args)
+
+    def rows_of(self, direction: str) -> int:
+        """Row tensors (M x N) a perfect kernel reads + writes; fwdbwd is the sum of both."""
+        if direction == "fwdbwd":
+            return self.rows_moved["fwd"] + self.rows_moved["bwd"]
+        return self.rows_moved[direction]
 
 
 OPS: dict[str, Op] = {
@@ -95,6 +135,7 @@ OPS: dict[str, Op] = {
             rows_moved={"fwd": 2, "bwd": 3},
             params=("weight", "bias"),
             tritonbench="layer_norm",
+            overflow=True,
             description="y = (x - mean(x)) / sqrt(var(x) + eps) * w + b",
         ),
         Op(
@@ -107,10 +148,31 @@ OPS: dict[str, Op] = {
             reference_bwd=reference.add_rmsnorm_bwd,
             inputs=("x", "residual", "dy", "dresidual_out", "weight"),
             rows_moved={"fwd": 4, "bwd": 4},
+            tritonbench=None,  # TritonBench has no residual + RMSNorm operator (README)
             description="residual_out = x + residual (rounded to x's dtype); y = rmsnorm(residual_out)",
         ),
     )
 }
+
+
+WEIGHTS = ("same", "fp32", "offset")
+# the weight_offset of the "offset" variant (Gemma's (1 + w))
+OFFSET = 1.0
+
+
+def effective_weight(weight, offset: float = 0.0):
+    """The weight the kernels see for ``y = xhat * (offset + w)``: ``w`` as is when ``offset`` is 0,
+    else ``w.float() + offset`` (fp32, so a small w survives the add; dweight is unchanged, the
+    gradient of the sum with respect to w)."""
+    if weight is None or not offset:
+        return weight
+    return weight.float() + offset
+
+
+def check_weights(name: str) -> str:
+    if name not in WEIGHTS:
+        raise ValueError(f"unknown weights variant '{name}'; known: {', '.join(WEIGHTS)}")
+    return name
 
 
 def get_op(name: str) -> Op:
