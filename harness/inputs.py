@@ -29,6 +29,8 @@ DEFAULT_EPS = 1e-5
 OVERFLOW = 1e30
 # the scale of the "offset" variant's w: well below bf16's spacing at 1 (2^-7)
 OFFSET_WEIGHT_SCALE = 1e-3
+# where the overflow inputs are checked: a row in one tile, and a row too wide for one (looped paths)
+OVERFLOW_SHAPES = (Shape((8, 256)), Shape((3, 20001)))
 
 
 def make_case(

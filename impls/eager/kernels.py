@@ -12,9 +12,9 @@ RMSNorm backward, then ``dh = dx + dresidual_out`` as autograd accumulates it. T
 over the rows: the baseline a fused kernel is measured against.
 
 Parameters may be fp32 beside 16-bit x (ATen's kernels take mixed dtypes); gradients come back in
-the parameters' dtype. Overflow (rows whose squares overflow fp32): ATen's LayerNorm returns NaN; the
-CPU path recomputes the statistics and keeps that NaN rather than rstd = rsqrt(inf) = 0, which would
-make the backward return zeros.
+the parameters' dtype. Overflow (rows whose squares overflow fp32): ATen's LayerNorm returns NaN (on
+the CPU only for rows of one block); the CPU path recomputes the statistics and keeps NaN for every
+row width rather than rstd = rsqrt(inf) = 0, which gives y = bias and a backward of zeros.
 """
 
 import torch
@@ -60,10 +60,13 @@ def layernorm_fwd(x, weight, bias, eps):
     if bias is not None and weight is not None and bias.dtype != weight.dtype:
         bias = bias.to(weight.dtype)  # ATen's mixed-dtype kernels want both parameters fp32 (N elements)
     y, mean, rstd = aten.native_layer_norm(x, [x.shape[-1]], weight, bias, eps)
-    if mean.dtype != torch.float32:
-        # ATen's CPU kernel returns the statistics in x's dtype; the contract wants them in fp32
+    if not x.is_cuda:
+        # ATen's CPU kernel returns the statistics in x's dtype (the contract wants fp32), and on
+        # wide rows whose variance overflows it returns rstd = 0 and y = bias where its narrow-row
+        # path returns NaN: statistics in fp32, NaN wherever the variance overflowed
         var, mean = torch.var_mean(x.float(), -1, correction=0)
-        return y, mean, torch.rsqrt(var + eps).masked_fill(torch.isinf(var), float("nan"))
+        overflow = torch.isinf(var)
+        return y.masked_fill(overflow.unsqueeze(-1), float("nan")), mean, torch.rsqrt(var + eps).masked_fill(overflow, float("nan"))
     return y, mean.reshape(-1), rstd.reshape(-1)
 
 
