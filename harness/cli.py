@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 from .contract import DIRECTIONS, DTYPES, OPS
+from .ops import WEIGHTS
 
 IMPLS_START, IMPLS_END = "<!-- impls:start -->", "<!-- impls:end -->"
 
@@ -200,7 +201,7 @@ def cmd_check(a) -> int:
     for impl, op, d, dt, sname, s in track(points, description="check", disable=a.quiet or not sys.stdout.isatty()):
         if impl.name in skipped:
             continue
-        r = run_check(impl, op, d, s, dt, device, seed=a.seed)
+        r = run_check(impl, op, d, s, dt, device, seed=a.seed, weights=a.weights, overflow=a.overflow)
         if r.status == "skip" and impl.unavailable(device):
             skipped[impl.name] = r.error
             continue
@@ -266,7 +267,8 @@ def cmd_bench(a) -> int:
     if a.rep_ms <= 0 or a.warmup_ms < 0:
         raise UsageError("--rep-ms must be > 0 and --warmup-ms >= 0")
     timer = CudaTimer(warmup_ms=a.warmup_ms, rep_ms=a.rep_ms)
-    rows = run_bench(impls, ops, dirs, sets, dtypes, out, resume=a.resume, command=command, timer=timer)
+    weights = _split(a.weights or "same", WEIGHTS, "weights")
+    rows = run_bench(impls, ops, dirs, sets, dtypes, out, resume=a.resume, command=command, timer=timer, weights=weights)
     written = report.write_report(out)
     _print_rank(rows)
     print(f"wrote {out}/results.jsonl, {written['report']}, {written['csv']} and {len(written['plots'])} plots")
@@ -461,7 +463,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     def common(s, directions=DIRECTIONS):
         s.add_argument("--impl", help="glob(s) over implementation names or DSLs, comma-separated (default: all)")
-        s.add_argument("--op", help="rmsnorm, layernorm or both (comma-separated)")
+        s.add_argument("--op", help=f"{', '.join(OPS)} (comma-separated)")
+        s.add_argument("--weights", help=f"the parameters: {', '.join(WEIGHTS)} (fp32 beside 16-bit x; Gemma's 1 + w) (comma-separated for bench)")
         s.add_argument("--direction", help=f"{', '.join(directions)} (comma-separated)")
         s.add_argument("--shapes", help="shape set(s): smoke, edge, sweep, decode, or MxN (comma-separated)")
         s.add_argument("--dtype", help="bf16, fp16, fp32 (comma-separated)")
@@ -471,8 +474,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--device", help="cpu or cuda (default: cuda if available)")
     s.add_argument("--json", metavar="FILE", help="write every result as JSON")
     s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--overflow", action="store_true", help="inputs whose squares overflow fp32 (NaN accepted)")
     s.add_argument("--quiet", action="store_true")
-    s.set_defaults(fn=cmd_check)
+    s.set_defaults(fn=cmd_check, weights="same")
 
     s = sub.add_parser("bench", help="check, then time against the copy roofline (GPU)")
     common(s, ("fwd", "bwd", "fwdbwd"))

@@ -27,6 +27,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
+import torch
+
 from . import reference
 
 
@@ -52,6 +54,19 @@ def _param(name):
 EPS = Arg("eps", "scalar")
 
 
+def _native_rmsnorm(x, weight, eps):
+    return torch.nn.functional.rms_norm(x, (x.shape[-1],), weight, eps)
+
+
+def _native_layernorm(x, weight, bias, eps):
+    return torch.nn.functional.layer_norm(x, (x.shape[-1],), weight, bias, eps)
+
+
+def _native_add_rmsnorm(x, residual, weight, eps):
+    h = x + residual
+    return _native_rmsnorm(h, weight, eps), h
+
+
 @dataclass(frozen=True)
 class Op:
     name: str
@@ -74,6 +89,9 @@ class Op:
     # Welford variance goes inf - inf), its RMSNorm returns y = 0 (rsqrt(inf) = 0), which every
     # kernel here reproduces; holding RMSNorm to NaN would fail torch itself.
     overflow: bool = False
+    # PyTorch's own differentiable composition, taking the forward's arguments: the floor rows of
+    # `normbench overhead` and what the unfused model runs
+    native: Callable | None = None
 
     @property
     def stats(self) -> tuple[str, ...]:
@@ -121,6 +139,7 @@ OPS: dict[str, Op] = {
             inputs=("x", "dy", "weight"),
             rows_moved={"fwd": 2, "bwd": 3},
             tritonbench="rms_norm",
+            native=_native_rmsnorm,
             description="y = x / sqrt(mean(x^2) + eps) * w",
         ),
         Op(
@@ -135,6 +154,7 @@ OPS: dict[str, Op] = {
             rows_moved={"fwd": 2, "bwd": 3},
             params=("weight", "bias"),
             tritonbench="layer_norm",
+            native=_native_layernorm,
             overflow=True,
             description="y = (x - mean(x)) / sqrt(var(x) + eps) * w + b",
         ),
@@ -149,6 +169,7 @@ OPS: dict[str, Op] = {
             inputs=("x", "residual", "dy", "dresidual_out", "weight"),
             rows_moved={"fwd": 4, "bwd": 4},
             tritonbench=None,  # TritonBench has no residual + RMSNorm operator (README)
+            native=_native_add_rmsnorm,
             description="residual_out = x + residual (rounded to x's dtype); y = rmsnorm(residual_out)",
         ),
     )
