@@ -44,6 +44,9 @@ def plan():
                         # an LLM's verbatim output that needed fixes: its failures are a result
                         # (reported by normbench check/bench), not a regression
                         marks.append(pytest.mark.xfail(reason="first-shot LLM output with recorded fixes", strict=False))
+                    known = impl.meta.get("known_failures", {}).get(op)
+                    if known:  # an anchor's documented departure from the contract (harness/anchors.py)
+                        marks.append(pytest.mark.xfail(reason=f"{impl.name}: {known}", strict=False))
                     yield pytest.param(impl, op, dtype, set_name, shapes, id=f"{impl.name}-{op}-{dtype}-{set_name}", marks=marks)
 
 
@@ -72,7 +75,9 @@ COSTLY_VARIANTS = (("fp32", ("bf16",)), ("offset", ("fp32",)))
 
 def _marks(impl, why, what):
     marks = [pytest.mark.skip(reason=f"{impl.name}: {why}")] if why else []
-    if impl.meta.get("variant") == "first-shot":
+    if impl.external:
+        marks.append(pytest.mark.xfail(reason=f"a third-party library: a failure on {what} is its result", strict=False))
+    elif impl.meta.get("variant") == "first-shot":
         # an LLM's verbatim output predates mixed parameters and the overflow check: a failure
         # here is a result of the sample (normbench check reports it), not a regression
         marks.append(pytest.mark.xfail(reason=f"first-shot LLM output, written before {what} were checked", strict=False))
