@@ -44,7 +44,8 @@ def make_case(
     overflow: bool = False,
 ):
     """The op's inputs by contract name (x, dy, weight, bias, residual, dresidual_out, ...) and eps.
-    Parameters an op does not take are None; ``weight`` is what the kernels get (for "offset", the
+    Parameters an op does not take are None, and so is every optional tensor when ``affine`` is
+    False (weight, bias, dresidual_out); ``weight`` is what the kernels get (for "offset", the
     fp32 effective weight; the stored w and the offset are kept as ``raw_weight`` / ``weight_offset``)."""
     rec = get_op(op)
     check_weights(weights)
@@ -76,6 +77,8 @@ def make_case(
     for name in rec.inputs:
         if name not in case and name != "weight":
             case[name] = tensor()
+    if not affine:  # the case without its optional tensors: no weight, no bias, no dresidual_out
+        case.update({a.name: None for a in rec.bwd_args if a.optional and a.kind == "rows"})
     offset = OFFSET if weights == "offset" else 0.0
     case.update(weight=effective_weight(raw_weight, offset), raw_weight=raw_weight, weight_offset=offset)
     return case

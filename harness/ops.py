@@ -85,9 +85,9 @@ class Op:
     tritonbench: str | None = None  # TritonBench's operator of this op, where it has one
     description: str = ""
     # checked on inputs whose squares overflow fp32 (harness.inputs.OVERFLOW): NaN or the right
-    # answer, never a finite wrong one. LayerNorm only: torch's LayerNorm returns NaN there (its
-    # Welford variance goes inf - inf), its RMSNorm returns y = 0 (rsqrt(inf) = 0), which every
-    # kernel here reproduces; holding RMSNorm to NaN would fail torch itself.
+    # answer, never a finite wrong one. LayerNorm only: torch's LayerNorm returns NaN there (on the
+    # CPU for rows of one block; its wide-row CPU path returns y = bias, which eager corrects),
+    # while torch's RMSNorm returns y = 0 (rsqrt(inf) = 0): holding RMSNorm to NaN would fail torch.
     overflow: bool = False
     # PyTorch's own differentiable composition, taking the forward's arguments: the floor rows of
     # `normbench overhead` and what the unfused model runs

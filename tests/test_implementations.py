@@ -125,7 +125,7 @@ def test_overflow_gives_nan_or_the_right_answer(impl, op, dtype, shapes, directi
     ids=lambda i: i.name,
 )
 def test_without_affine_parameters(impl):
-    """weight=None (elementwise_affine=False) and bias=None."""
+    """weight=None (elementwise_affine=False), bias=None, and dresidual_out=None (add_rmsnorm)."""
     shape = SHAPE_SETS["edge"][5]
     for op in impl.ops:
         for direction in ("fwd", "bwd"):
