@@ -236,6 +236,8 @@ def _bwd_scales(rec, case, ref_args: dict) -> dict:
 
 
 def _check_tensors(k, rec, direction, case, overflow=False) -> list[TensorReport]:
+    """Check the outputs of ``k``'s functions for ``rec`` (an op record or its name) on ``case``."""
+    rec = get_op(rec) if isinstance(rec, str) else rec
     fwd_args = rec.fwd_call(case)
     ref_fwd = rec.reference_fwd(*fwd_args)
     if direction == "fwd":
