@@ -264,7 +264,9 @@ def callables(k, op: str, direction: str, case: dict):
 
 def measure_point(impl: Implementation, op, direction, set_name, shape: Shape, dtype, device, timer, seed=0, weights="same") -> Point:
     p = Point(impl.name, impl.dsl, impl.external, op, direction, set_name, shape.label, shape.m, shape.n, dtype, weights)
-    param_size = 4 if weights != "same" else None  # fp32 parameters (the offset variant's weight is folded to fp32)
+    # fp32 parameters (the offset variant's weight is folded to fp32; its bias, kept in x's dtype,
+    # is counted at 4 bytes too: extra bytes only, never in TB/s)
+    param_size = 4 if weights != "same" else None
     b = bytes_moved(op, direction, shape.m, shape.n, DTYPES[dtype].itemsize, param_size=param_size)
     p.bytes_main, p.bytes_extra = b.main, b.extra
     why = impl.unavailable(device)
