@@ -73,9 +73,25 @@ VARIANT_SHAPES = (SHAPE_SETS["edge"][5], SHAPE_SETS["edge"][0])  # 37x1001, 96x1
 COSTLY_VARIANTS = (("fp32", ("bf16",)), ("offset", ("fp32",)))
 
 
-def _marks(impl, why, what):
+# Implementations known to miss a newer part of the contract, by (implementation, what): each entry
+# is a strict xfail, so the entry has to go (the test then fails as XPASS) once the kernel passes.
+PENDING = {
+    ("triton", "fp32 parameters", "bwd"): "dweight/dbias come back in x's dtype, not the weight's",
+    ("helion", "fp32 parameters", "bwd"): "dweight/dbias come back in x's dtype, not the weight's",
+    **{
+        (name, "overflowing inputs", d): "LayerNorm returns y = bias (rstd = 0) where the variance overflows"
+        for name in ("triton", "helion")
+        for d in ("fwd", "bwd")
+    },
+}
+
+
+def _marks(impl, why, what, direction):
     marks = [pytest.mark.skip(reason=f"{impl.name}: {why}")] if why else []
-    if impl.external:
+    pending = PENDING.get((impl.name, what, direction))
+    if pending:
+        marks.append(pytest.mark.xfail(reason=f"pending in {impl.name}: {pending}", strict=True))
+    elif impl.external:
         marks.append(pytest.mark.xfail(reason=f"a third-party library: a failure on {what} is its result", strict=False))
     elif impl.meta.get("variant") == "first-shot":
         # an LLM's verbatim output predates mixed parameters and the overflow check: a failure
@@ -91,12 +107,13 @@ def variant_plan():
             for weights, dtypes in COSTLY_VARIANTS if costly else VARIANTS:
                 for dtype in (d for d in dtypes if d in impl.dtypes):
                     shapes = VARIANT_SHAPES[:1] if costly else VARIANT_SHAPES
-                    marks = _marks(impl, impl.unavailable(DEVICE), "fp32 parameters")
-                    yield pytest.param(impl, op, dtype, weights, shapes, id=f"{impl.name}-{op}-{dtype}-{weights}", marks=marks)
+                    what = "fp32 parameters" if dtype != "fp32" else "the offset weight"  # fp32 beside fp32 x: not mixed
+                    for d in ("fwd", "bwd"):
+                        marks = _marks(impl, impl.unavailable(DEVICE), what, d)
+                        yield pytest.param(impl, op, dtype, weights, shapes, d, id=f"{impl.name}-{op}-{dtype}-{weights}-{d}", marks=marks)
 
 
-@pytest.mark.parametrize("direction", ["fwd", "bwd"])
-@pytest.mark.parametrize("impl,op,dtype,weights,shapes", list(variant_plan()))
+@pytest.mark.parametrize("impl,op,dtype,weights,shapes,direction", list(variant_plan()))
 def test_weight_variants(impl, op, dtype, weights, shapes, direction):
     _check_all(impl, op, direction, shapes, dtype, weights=weights)
 
@@ -107,12 +124,12 @@ def overflow_plan():
         for op in (o for o in impl.ops if get_op(o).overflow):
             for dtype in tuple(d for d in OVERFLOW_DTYPES if d in impl.dtypes)[: 1 if costly else None]:
                 shapes = OVERFLOW_SHAPES[:1] if costly else OVERFLOW_SHAPES
-                marks = _marks(impl, impl.unavailable(DEVICE), "overflowing inputs")
-                yield pytest.param(impl, op, dtype, shapes, id=f"{impl.name}-{op}-{dtype}", marks=marks)
+                for d in ("fwd", "bwd"):
+                    marks = _marks(impl, impl.unavailable(DEVICE), "overflowing inputs", d)
+                    yield pytest.param(impl, op, dtype, shapes, d, id=f"{impl.name}-{op}-{dtype}-{d}", marks=marks)
 
 
-@pytest.mark.parametrize("direction", ["fwd", "bwd"])
-@pytest.mark.parametrize("impl,op,dtype,shapes", list(overflow_plan()))
+@pytest.mark.parametrize("impl,op,dtype,shapes,direction", list(overflow_plan()))
 def test_overflow_gives_nan_or_the_right_answer(impl, op, dtype, shapes, direction):
     """Rows whose squares overflow fp32 (harness.inputs.OVERFLOW): NaN as torch returns, or the
     right answer; never a finite wrong number (the backward runs on the forward's own statistics)."""
