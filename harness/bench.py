@@ -30,10 +30,10 @@ from pathlib import Path
 
 import torch
 
-from . import autograd
 from .checker import run_check
 from .contract import DTYPES, Implementation, describe_error
 from .inputs import make_case
+from .ops import get_op
 from .roofline import bytes_moved, tbps
 from .shapes import Shape
 
@@ -55,6 +55,7 @@ class Point:
     M: int
     N: int
     dtype: str
+    weights: str = "same"  # the parameters' variant (harness.ops.WEIGHTS); rows written before it: "same"
     status: str = "skip"  # ok | failed | error | skip
     reason: str = ""
     check: str = ""
@@ -72,7 +73,7 @@ class Point:
 
     @property
     def key(self) -> tuple:
-        return (self.impl, self.op, self.direction, self.shape, self.dtype)
+        return (self.impl, self.op, self.direction, self.shape, self.dtype, self.weights)
 
 
 class CudaTimer:
@@ -325,25 +326,51 @@ def load_results(path: Path, note=None) -> list[dict]:
 
 
 def point_key(d: dict) -> tuple:
-    return (d["impl"], d["op"], d["direction"], d["shape"], d["dtype"])
+    return (d["impl"], d["op"], d["direction"], d["shape"], d["dtype"], d.get("weights", "same"))
 
 
-def plan(impls, ops, directions, shape_sets, dtypes) -> list[tuple]:
+def plan(impls, ops, directions, shape_sets, dtypes, weights=("same",)) -> list[tuple]:
+    """(impl, op, direction, set name, shape, dtype, weights) per point; fp32 parameters beside fp32
+    x are the "same" variant, not a point of their own."""
     todo = []
     for set_name, shapes in shape_sets:
         for shape in shapes:
             for op in ops:
                 for direction in directions:
                     for dtype in dtypes:
-                        for impl in impls:
-                            if op in impl.ops:
-                                todo.append((impl, op, direction, set_name, shape, dtype))
+                        for w in weights:
+                            if w == "fp32" and dtype == "fp32":
+                                continue
+                            todo += [(impl, op, direction, set_name, shape, dtype, w) for impl in impls if op in impl.ops]
     return todo
 
 
-def measure_point(impl: Implementation, op, direction, set_name, shape: Shape, dtype, device, timer, seed=0) -> Point:
-    p = Point(impl.name, impl.dsl, impl.external, op, direction, set_name, shape.label, shape.m, shape.n, dtype)
-    b = bytes_moved(op, direction, shape.m, shape.n, DTYPES[dtype].itemsize)
+def callables(k, op: str, direction: str, case: dict):
+    """A zero-argument callable running ``direction`` (fwd | bwd | fwdbwd) of ``op`` on ``case``
+    through the contract functions directly (no autograd overhead): what the benchmark times. The
+    op record wires the backward: its arguments are the case's tensors and one forward run's
+    outputs (statistics, residual_out), computed up front for ``bwd``."""
+    rec = get_op(op)
+    fwd, bwd = getattr(k, rec.function("fwd")), getattr(k, rec.function("bwd"))
+    fwd_args = rec.fwd_call(case)
+    if direction == "fwd":
+        return lambda: fwd(*fwd_args)
+    if direction == "bwd":
+        bwd_args = rec.bwd_call(case, fwd(*fwd_args))
+        return lambda: bwd(*bwd_args)
+
+    def both():
+        return bwd(*rec.bwd_call(case, fwd(*fwd_args)))
+
+    return both
+
+
+def measure_point(impl: Implementation, op, direction, set_name, shape: Shape, dtype, device, timer, seed=0, weights="same") -> Point:
+    p = Point(impl.name, impl.dsl, impl.external, op, direction, set_name, shape.label, shape.m, shape.n, dtype, weights)
+    # fp32 parameters (the offset variant's weight is folded to fp32; its bias, kept in x's dtype,
+    # is counted at 4 bytes too: extra bytes only, never in TB/s)
+    param_size = 4 if weights != "same" else None
+    b = bytes_moved(op, direction, shape.m, shape.n, DTYPES[dtype].itemsize, param_size=param_size)
     p.bytes_main, p.bytes_extra = b.main, b.extra
     why = impl.unavailable(device)
     if why is None and dtype not in impl.dtypes:
@@ -353,15 +380,15 @@ def measure_point(impl: Implementation, op, direction, set_name, shape: Shape, d
         return p
     try:
         k = impl.kernels(device)
-        case = make_case(op, shape, DTYPES[dtype], device, seed)
+        case = make_case(op, shape, DTYPES[dtype], device, seed, weights=weights)
         t0 = time.perf_counter()
-        fn = autograd.callables(k, op, direction, case)
+        fn = callables(k, op, direction, case)
         fn()
         timer.sync()
         p.compile_s = time.perf_counter() - t0
         checks = ("fwd", "bwd") if direction == "fwdbwd" else (direction,)
         for d in checks:
-            r = run_check(impl, op, d, shape, dtype, device, seed=seed + 1, kernels=k)
+            r = run_check(impl, op, d, shape, dtype, device, seed=seed + 1, kernels=k, weights=weights)
             if not r.passed:
                 p.status = "failed" if r.status == "fail" else "error"
                 p.check = f"{d}: {r.summary()}"
@@ -396,6 +423,7 @@ def run_bench(
     copy_bandwidth: dict | None = None,
     command: str = "",
     progress: bool = True,
+    weights=("same",),
 ) -> list[dict]:
     """Run the benchmark, appending to ``out_dir/results.jsonl``; returns all rows of the file."""
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -425,7 +453,7 @@ def run_bench(
     meta["method"] = {"trials": TRIALS, "noisy_spread": NOISY_SPREAD, "graph_calls": GRAPH_CALLS, "graph_shape_sets": GRAPH_SHAPE_SETS}
     meta_path.write_text(json.dumps(meta, indent=2))
 
-    todo = [t for t in plan(impls, ops, directions, shape_sets, dtypes) if (t[0].name, t[1], t[2], t[4].label, t[5]) not in done]
+    todo = [t for t in plan(impls, ops, directions, shape_sets, dtypes, weights) if (t[0].name, t[1], t[2], t[4].label, t[5], t[6]) not in done]
     roof = copy_bandwidth["tbps"]
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -433,12 +461,12 @@ def run_bench(
     with Progress(*cols, disable=not progress, transient=False) as bar, results_path.open("a") as fh:
         task = bar.add_task("", total=len(todo))
         last_shape = None
-        for impl, op, direction, set_name, shape, dtype in todo:
-            bar.update(task, description=f"{impl.name} {op} {direction} {shape.label} {dtype}")
+        for impl, op, direction, set_name, shape, dtype, weights_variant in todo:
+            bar.update(task, description=f"{impl.name} {op} {direction} {shape.label} {dtype} {weights_variant}")
             if shape != last_shape and device == "cuda":
                 torch.cuda.empty_cache()
                 last_shape = shape
-            p = measure_point(impl, op, direction, set_name, shape, dtype, device, timer)
+            p = measure_point(impl, op, direction, set_name, shape, dtype, device, timer, weights=weights_variant)
             if p.tbps is not None and roof:
                 p.frac_roofline = p.tbps / roof
             fh.write(json.dumps({**asdict(p), "run": run_index}) + "\n")
@@ -452,7 +480,7 @@ def run_bench(
 def merge_results(dest: Path, sources: list[Path], commit: str | None = None) -> list[dict]:
     """Fold benchmark folders measured elsewhere (another session, a re-run of one implementation)
     into ``dest``: their runs are appended to ``dest``'s, and each of their points replaces the point
-    with the same key (implementation, op, direction, shape, dtype) in ``dest``. Points keep their
+    with the same key (implementation, op, direction, shape, dtype, weights) in ``dest``. Points keep their
     own run's copy bandwidth, so every fraction stays the one measured next to it. ``commit`` names
     the commit holding the code a source measured where its meta records none (a tree copied
     without git history) or a dirty tree (uncommitted changes, committed since); the recorded value

@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 from .contract import DIRECTIONS, DTYPES, OPS
+from .ops import WEIGHTS
 
 IMPLS_START, IMPLS_END = "<!-- impls:start -->", "<!-- impls:end -->"
 IMPL_HELP = (
@@ -338,7 +339,7 @@ def cmd_check(a) -> int:
         if impl.name in skipped:
             stats["skipped"] = stats.get("skipped", 0) + 1
             continue
-        r = run_check(impl, op, d, s, dt, device, seed=a.seed)
+        r = run_check(impl, op, d, s, dt, device, seed=a.seed, weights=a.weights, overflow=a.overflow)
         word = {"pass": "passed", "fail": "failed", "error": "errors", "skip": "skipped"}[r.status]
         stats[word] = stats.get(word, 0) + 1
         if r.status == "skip" and impl.unavailable(device):
@@ -399,7 +400,8 @@ def cmd_bench(a) -> int:
     if a.rep_ms <= 0 or a.warmup_ms < 0:
         raise UsageError("--rep-ms must be > 0 and --warmup-ms >= 0")
     timer = CudaTimer(warmup_ms=a.warmup_ms, rep_ms=a.rep_ms)
-    rows = run_bench(impls, ops, dirs, sets, dtypes, out, resume=a.resume, command=command, timer=timer)
+    weights = _split(a.weights or "same", WEIGHTS, "weights")
+    rows = run_bench(impls, ops, dirs, sets, dtypes, out, resume=a.resume, command=command, timer=timer, weights=weights)
     written = report.write_report(out)
     _print_rank(rows)
     print(f"wrote {out}/results.jsonl, {written['report']}, {written['csv']} and {len(written['plots'])} plots")
@@ -632,6 +634,7 @@ def build_parser() -> argparse.ArgumentParser:
     def common(s, directions=DIRECTIONS):
         s.add_argument("--impl", help=IMPL_HELP)
         s.add_argument("--op", help=OP_HELP)
+        s.add_argument("--weights", help=f"the parameters: {', '.join(WEIGHTS)} (fp32 beside 16-bit x; Gemma's 1 + w) (comma-separated for bench)")
         s.add_argument("--direction", help=f"{', '.join(directions)} (comma-separated)")
         s.add_argument("--shapes", help="shape set(s): smoke, edge, sweep, decode, or MxN (comma-separated)")
         s.add_argument("--dtype", help=f"{', '.join(DTYPES)} (comma-separated)")
@@ -642,7 +645,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--json", metavar="FILE", help="write every result as JSON")
     s.add_argument("--seed", type=int, default=0, help="seed of the drawn inputs (default: 0)")
     s.add_argument("--quiet", action="store_true", help="no progress bar or progress lines")
-    s.set_defaults(fn=cmd_check)
+    s.add_argument("--overflow", action="store_true", help="inputs whose squares overflow fp32 (NaN accepted)")
+    s.set_defaults(fn=cmd_check, weights="same")
 
     s = sub.add_parser("bench", help="check, then time against the copy roofline (GPU)")
     common(s, ("fwd", "bwd", "fwdbwd"))

@@ -9,12 +9,25 @@ Tensor kinds (what shape and dtype a tensor has, given x of shape (M, N)):
     rows   (M, N) in x's dtype                  x, dy, y, dx, residual, residual_out, dh, ...
     stat   (M,) fp32                            rstd, mean
     param  (N,) in the weight's dtype           weight, bias, dweight, dbias (x's dtype or fp32)
+
+A backward's arguments come by name: an argument the forward returns (rstd, residual_out) is taken
+from the forward's outputs, every other one (dy, x, weight) from the drawn case. That one rule is how
+the checker, the benchmark's callables and the overhead measurement wire a backward, for every op.
+
+Weight variants (``WEIGHTS``), an axis of checks and benchmark points beside the dtype:
+    same    weight and bias in x's dtype (the default, and the only variant of older results)
+    fp32    weight and bias in fp32 beside 16-bit x (mixed precision)
+    offset  Gemma's y = xhat * (1 + w): w drawn small, stored in x's dtype, and passed to the kernels
+            as ``effective_weight(w, 1.0)``, fp32; the add is in fp32 because in bf16 it would
+            round 1 + w back to 1 and lose w
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Callable
+
+import torch
 
 from . import reference
 
@@ -41,6 +54,19 @@ def _param(name):
 EPS = Arg("eps", "scalar")
 
 
+def _native_rmsnorm(x, weight, eps):
+    return torch.nn.functional.rms_norm(x, (x.shape[-1],), weight, eps)
+
+
+def _native_layernorm(x, weight, bias, eps):
+    return torch.nn.functional.layer_norm(x, (x.shape[-1],), weight, bias, eps)
+
+
+def _native_add_rmsnorm(x, residual, weight, eps):
+    h = x + residual
+    return _native_rmsnorm(h, weight, eps), h
+
+
 @dataclass(frozen=True)
 class Op:
     name: str
@@ -58,13 +84,45 @@ class Op:
     params: tuple[str, ...] = ("weight",)  # (N,) parameters, in the order the forward takes them
     tritonbench: str | None = None  # TritonBench's operator of this op, where it has one
     description: str = ""
+    # checked on inputs whose squares overflow fp32 (harness.inputs.OVERFLOW): NaN or the right
+    # answer, never a finite wrong one. LayerNorm only: torch's LayerNorm returns NaN there (on the
+    # CPU for rows of one block; its wide-row CPU path returns y = bias, which eager corrects),
+    # while torch's RMSNorm returns y = 0 (rsqrt(inf) = 0): holding RMSNorm to NaN would fail torch.
+    overflow: bool = False
+    # PyTorch's own differentiable composition, taking the forward's arguments: the floor rows of
+    # `normbench overhead` and what the unfused model runs
+    native: Callable | None = None
 
     @property
     def stats(self) -> tuple[str, ...]:
         return tuple(a.name for a in self.fwd_outputs if a.kind == "stat")
 
+    @property
+    def normed(self) -> str:
+        """The row tensor the backward differentiates the norm at (x, or residual_out)."""
+        return next(a.name for a in self.bwd_args[1:] if a.kind == "rows" and not a.optional)
+
     def function(self, direction: str) -> str:
         return f"{self.name}_{direction}"
+
+    def reference(self, direction: str) -> Callable:
+        return {"fwd": self.reference_fwd, "bwd": self.reference_bwd}[direction]
+
+    def fwd_call(self, case: dict) -> tuple:
+        """The forward's arguments, in contract order, from a drawn case."""
+        return tuple(case[a.name] for a in self.fwd_args)
+
+    def bwd_call(self, case: dict, fwd_out) -> tuple:
+        """The backward's arguments: what the forward returned (``fwd_out``, in ``fwd_outputs``
+        order) where the forward returns it, the case's tensor otherwise."""
+        produced = {a.name: t for a, t in zip(self.fwd_outputs, fwd_out)}
+        return tuple(produced[a.name] if a.name in produced else case[a.name] for a in self.bwd_args)
+
+    def rows_of(self, direction: str) -> int:
+        """Row tensors (M x N) a perfect kernel reads + writes; fwdbwd is the sum of both."""
+        if direction == "fwdbwd":
+            return self.rows_moved["fwd"] + self.rows_moved["bwd"]
+        return self.rows_moved[direction]
 
 
 OPS: dict[str, Op] = {
@@ -81,6 +139,7 @@ OPS: dict[str, Op] = {
             inputs=("x", "dy", "weight"),
             rows_moved={"fwd": 2, "bwd": 3},
             tritonbench="rms_norm",
+            native=_native_rmsnorm,
             description="y = x / sqrt(mean(x^2) + eps) * w",
         ),
         Op(
@@ -95,6 +154,8 @@ OPS: dict[str, Op] = {
             rows_moved={"fwd": 2, "bwd": 3},
             params=("weight", "bias"),
             tritonbench="layer_norm",
+            native=_native_layernorm,
+            overflow=True,
             description="y = (x - mean(x)) / sqrt(var(x) + eps) * w + b",
         ),
         Op(
@@ -107,10 +168,32 @@ OPS: dict[str, Op] = {
             reference_bwd=reference.add_rmsnorm_bwd,
             inputs=("x", "residual", "dy", "dresidual_out", "weight"),
             rows_moved={"fwd": 4, "bwd": 4},
+            tritonbench=None,  # TritonBench has no residual + RMSNorm operator (README)
+            native=_native_add_rmsnorm,
             description="residual_out = x + residual (rounded to x's dtype); y = rmsnorm(residual_out)",
         ),
     )
 }
+
+
+WEIGHTS = ("same", "fp32", "offset")
+# the weight_offset of the "offset" variant (Gemma's (1 + w))
+OFFSET = 1.0
+
+
+def effective_weight(weight, offset: float = 0.0):
+    """The weight the kernels see for ``y = xhat * (offset + w)``: ``w`` as is when ``offset`` is 0,
+    else ``w.float() + offset`` (fp32, so a small w survives the add; dweight is unchanged, the
+    gradient of the sum with respect to w)."""
+    if weight is None or not offset:
+        return weight
+    return weight.float() + offset
+
+
+def check_weights(name: str) -> str:
+    if name not in WEIGHTS:
+        raise ValueError(f"unknown weights variant '{name}'; known: {', '.join(WEIGHTS)}")
+    return name
 
 
 def get_op(name: str) -> Op:

@@ -10,9 +10,11 @@ GPU is idle waiting for the host (M x N = 4 x 4096 by default):
     autograd   y = norm(x, ...) then y.backward(dy) through ``harness.autograd`` (fwd + bwd together)
 
 A reference row, ``torch.nn.functional``, runs the same autograd step through PyTorch's own
-``F.rms_norm`` / ``F.layer_norm``: the floor that the autograd engine and gradient accumulation set
-whatever the kernels, so the rest of a row's autograd figure is the implementation's (and the
-harness's) own.
+composition of the op (the op record's ``native``: ``F.rms_norm``, ``F.layer_norm``, ``x + residual``
+then ``F.rms_norm``): the floor that the autograd engine and gradient accumulation set whatever the
+kernels, so the rest of a row's autograd figure is the implementation's (and the harness's) own.
+Every op is driven from its record; an op the autograd layer has no function for gets no autograd
+figure (None).
 
 Each figure is the median over ``trials`` of (wall time of ``calls`` back-to-back calls) / calls,
 after a warm-up that compiles everything. The GPU is synchronized only between trials.
@@ -29,8 +31,10 @@ from pathlib import Path
 import torch
 
 from . import autograd
+from .bench import callables
 from .contract import DTYPES
 from .inputs import make_case
+from .ops import get_op
 from .shapes import Shape
 
 
@@ -49,27 +53,39 @@ def _per_call_us(fn, device: str, calls: int, trials: int) -> float:
     return statistics.median(times)
 
 
-def _leaves(case: dict):
-    """x, weight, bias of ``case`` as fresh leaves that require grad (None stays None)."""
-    return tuple(None if t is None else t.detach().clone().requires_grad_(True) for t in (case["x"], case["weight"], case["bias"]))
+def _leaves(rec, case: dict):
+    """The forward's arguments from ``case``, its tensors as fresh leaves that require grad."""
+    return tuple(
+        case[a.name].detach().clone().requires_grad_(True) if a.kind != "scalar" and case[a.name] is not None else case[a.name]
+        for a in rec.fwd_args
+    )
+
+
+def _step(fwd, rec, case: dict):
+    """One autograd step: the forward on fresh leaves, then backward of its first output with dy."""
+    args = _leaves(rec, case)
+
+    def step():
+        out = fwd(*args)
+        (out[0] if isinstance(out, tuple) else out).backward(case["dy"])
+        for t in args:
+            if isinstance(t, torch.Tensor):
+                t.grad = None
+
+    return step
 
 
 def measure(impl, op: str, shape: Shape, dtype: str = "bf16", device: str = "cuda", calls: int = 200, trials: int = 5) -> dict:
     """Host microseconds per call of one implementation for one op (fwd, bwd, autograd fwd+bwd)."""
+    rec = get_op(op)
     k = impl.kernels(device)
     case = make_case(op, shape, DTYPES[dtype], device)
     out = {"impl": impl.name, "dsl": impl.dsl, "op": op, "shape": shape.label, "dtype": dtype}
     for direction in ("fwd", "bwd"):
-        out[f"contract_{direction}_us"] = _per_call_us(autograd.callables(k, op, direction, case), device, calls, trials)
-    x, w, b = _leaves(case)
-    dy = case["dy"]
-
-    def step():
-        y = autograd.rmsnorm(x, w, case["eps"], impl) if op == "rmsnorm" else autograd.layernorm(x, w, b, case["eps"], impl)
-        y.backward(dy)
-        x.grad = None
-
-    out["autograd_fwd_bwd_us"] = _per_call_us(step, device, max(calls // 4, 10), trials)
+        out[f"contract_{direction}_us"] = _per_call_us(callables(k, op, direction, case), device, calls, trials)
+    differentiable = getattr(autograd, op, None)
+    step = _step(lambda *args: differentiable(*args, impl=impl), rec, case) if differentiable else None
+    out["autograd_fwd_bwd_us"] = _per_call_us(step, device, max(calls // 4, 10), trials) if step else None
     return out
 
 
@@ -78,25 +94,17 @@ NATIVE = "torch.nn.functional"
 
 def measure_native(op: str, shape: Shape, dtype: str = "bf16", device: str = "cuda", calls: int = 200, trials: int = 5) -> dict:
     """The reference row: the forward (no grad) and the autograd step through PyTorch's own norms."""
+    rec = get_op(op)
     case = make_case(op, shape, DTYPES[dtype], device)
-    n, eps = case["x"].shape[-1], case["eps"]
-    x, w, b = _leaves(case)
-    if op == "rmsnorm":
-        fwd = lambda: torch.nn.functional.rms_norm(x, (n,), w, eps)
-    else:
-        fwd = lambda: torch.nn.functional.layer_norm(x, (n,), w, b, eps)
+    args = _leaves(rec, case)
 
     def forward_only():
         with torch.no_grad():
-            return fwd()
-
-    def step():
-        fwd().backward(case["dy"])
-        x.grad = None
+            return rec.native(*args)
 
     return {"impl": NATIVE, "dsl": "reference", "op": op, "shape": shape.label, "dtype": dtype,
             "contract_fwd_us": _per_call_us(forward_only, device, calls, trials), "contract_bwd_us": None,
-            "autograd_fwd_bwd_us": _per_call_us(step, device, max(calls // 4, 10), trials)}  # fmt: skip
+            "autograd_fwd_bwd_us": _per_call_us(_step(rec.native, rec, case), device, max(calls // 4, 10), trials)}  # fmt: skip
 
 
 def run(impls, ops, shape: Shape, dtype: str, device: str, out_path: Path | None = None, calls: int = 200, trials: int = 5) -> list[dict]:

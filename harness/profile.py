@@ -53,7 +53,7 @@ def run_one(impl_name: str, op: str, direction: str, shape_label: str, dtype: st
     """Child process body: warm up (JIT, autotune caches, allocator), then one profiled call."""
     import torch
 
-    from . import autograd
+    from .bench import callables
     from .contract import DTYPES
     from .inputs import make_case
     from .registry import get
@@ -61,7 +61,7 @@ def run_one(impl_name: str, op: str, direction: str, shape_label: str, dtype: st
 
     k = get(impl_name).kernels("cuda")
     case = make_case(op, parse_shape(shape_label), DTYPES[dtype], "cuda")
-    fn = autograd.callables(k, op, direction, case)
+    fn = callables(k, op, direction, case)
     for _ in range(3):
         fn()
     torch.cuda.synchronize()

@@ -6,6 +6,10 @@
 * speedup vs eager = geometric mean of eager's time / its time over the points both passed;
 * per-shape winner: the fastest passed point at each shape;
 * per DSL: the best-scoring implementation of each DSL side by side.
+
+Points of another weight variant than "same" (fp32 parameters, the Gemma offset) are ranked apart:
+their ``dtype`` axis reads "bf16+fp32" / "bf16+offset" (``precision``), so every table, plot and
+section gains them with no code of its own; rows written before the variant existed are "same".
 """
 
 from __future__ import annotations
@@ -41,8 +45,18 @@ def geomean(xs) -> float | None:
     return math.exp(sum(math.log(x) for x in xs) / len(xs))
 
 
+def precision(r: dict) -> str:
+    """The dtype axis of a row: its dtype, with its weight variant where that is not "same"."""
+    w = r.get("weights", "same")
+    return r["dtype"] if w == "same" else f"{r['dtype']}+{w}"
+
+
+def section_of(r: dict) -> tuple[str, str, str, str]:
+    return (r["op"], r["direction"], r["shape_set"], precision(r))
+
+
 def _rows(rows, op, direction, shape_set, dtype):
-    return [r for r in rows if r["op"] == op and r["direction"] == direction and r["shape_set"] == shape_set and r["dtype"] == dtype]
+    return [r for r in rows if section_of(r) == (op, direction, shape_set, dtype)]
 
 
 def leaderboard(rows: list[dict], op: str, direction: str, shape_set: str = "sweep", dtype: str = "bf16") -> list[Ranked]:
@@ -100,5 +114,5 @@ def sections(rows: list[dict]) -> list[tuple[str, str, str, str]]:
     """The (op, direction, shape_set, dtype) combinations present in ``rows``, in a stable order."""
     order_dir = {"fwd": 0, "bwd": 1, "fwdbwd": 2}
     order_set = {"sweep": 0, "decode": 1}
-    combos = {(r["op"], r["direction"], r["shape_set"], r["dtype"]) for r in rows}
+    combos = {section_of(r) for r in rows}
     return sorted(combos, key=lambda c: (order_set.get(c[2], 9), c[2], c[0], order_dir.get(c[1], 9), c[3]))

@@ -12,7 +12,7 @@ from . import rank
 from .bench import load_results, read_meta
 
 CSV_FIELDS = (
-    "impl", "dsl", "external", "op", "direction", "shape_set", "shape", "M", "N", "dtype", "status", "check",
+    "impl", "dsl", "external", "op", "direction", "shape_set", "shape", "M", "N", "dtype", "weights", "status", "check",
     "reason", "compile_s", "ms", "ms_p95", "spread", "noisy", "graph", "bytes_main", "bytes_extra", "tbps", "frac_roofline",
 )  # fmt: skip
 README_START, README_END = "<!-- leaderboard:start -->", "<!-- leaderboard:end -->"
@@ -79,7 +79,7 @@ def markdown(meta: dict, rows: list[dict], rel_plots: str | None = "") -> str:
         lines += _shape_table(rows, op, direction, shape_set, dtype)
         if rel_plots is not None and shape_set == "sweep":
             lines += [f"![{op} {direction}]({rel_plots}plot-{op}-{direction}-{dtype}.png)", ""]
-        failed = [r for r in rows if (r["op"], r["direction"], r["shape_set"], r["dtype"]) == (op, direction, shape_set, dtype) and r["status"] in ("failed", "error")]
+        failed = [r for r in rows if rank.section_of(r) == (op, direction, shape_set, dtype) and r["status"] in ("failed", "error")]
         if failed:
             lines += ["Failed or crashed points (never ranked):", ""]
             lines += [f"- {r['impl']} {r['shape']}: {r['status']} — {(r.get('check') or r.get('reason') or '')[:200]}" for r in failed]
@@ -105,7 +105,7 @@ def _llm_section(rows) -> list[str]:
         meta = impl.meta if impl else {}
         cells = []
         for d in ("fwd", "bwd"):
-            sel = [r for r in rows if r["impl"] == name and r["direction"] == d and r["shape_set"] == "sweep" and r["dtype"] == "bf16"]
+            sel = [r for r in rows if r["impl"] == name and r["direction"] == d and r["shape_set"] == "sweep" and rank.precision(r) == "bf16"]
             ok = [r for r in sel if r["status"] == "ok"]
             tried = [r for r in sel if r["status"] != "skip"]
             g = rank.geomean(r.get("frac_roofline") for r in ok)
@@ -135,7 +135,7 @@ def _copy_line(meta: dict, roof) -> str:
 
 
 def _shape_table(rows, op, direction, shape_set, dtype) -> list[str]:
-    sel = [r for r in rows if (r["op"], r["direction"], r["shape_set"], r["dtype"]) == (op, direction, shape_set, dtype)]
+    sel = [r for r in rows if rank.section_of(r) == (op, direction, shape_set, dtype)]
     impls = [r.impl for r in rank.leaderboard(rows, op, direction, shape_set, dtype)]
     shapes = sorted({(r["N"], r["M"], r["shape"]) for r in sel})
     # launch-bound decode shapes read better as time per call than as bandwidth
@@ -194,7 +194,7 @@ def plots(meta: dict, rows: list[dict], out_dir: Path) -> list[Path]:
     for op, direction, shape_set, dtype in rank.sections(rows):
         if shape_set != "sweep":
             continue
-        sel = [r for r in rows if (r["op"], r["direction"], r["shape_set"], r["dtype"]) == (op, direction, shape_set, dtype) and r["status"] == "ok"]
+        sel = [r for r in rows if rank.section_of(r) == (op, direction, shape_set, dtype) and r["status"] == "ok"]
         if not sel:
             continue
         fig, ax = plt.subplots(figsize=(12, 5.5))

@@ -1,17 +1,22 @@
 """The bytes model, in one place, and the copy-bandwidth roofline it is measured against.
 
-Main bytes (what a perfect kernel must move; every TB/s figure counts these):
-    fwd    = x read + y written                     = 2 * M * N * s
-    bwd    = x read + dy read + dx written          = 3 * M * N * s
-    fwdbwd = fwd + bwd                              = 5 * M * N * s
-Extra bytes, reported separately: weight and bias reads, the statistics (written by fwd, read by
-bwd), dweight/dbias writes. Partial buffers of a split dweight reduction are implementation details
-and are not counted: they show up as a lower TB/s, which is the point.
+Main bytes (what a perfect kernel must move; every TB/s figure counts these) are the op record's row
+tensors (``harness.ops``: ``rows_moved``), M * N elements of x's size each:
+    rmsnorm, layernorm   fwd = x read + y written = 2 rows; bwd = x, dy read + dx written = 3 rows
+    add_rmsnorm          fwd = x, residual read + y, residual_out written = 4 rows;
+                         bwd = dy, dresidual_out, residual_out read + dh written = 4 rows
+    fwdbwd               fwd + bwd
+Extra bytes, reported separately: the parameters read (in their own dtype: fp32 weights count 4 bytes
+each), the statistics (written by fwd, read by bwd), dweight/dbias writes. Partial buffers of a split
+dweight reduction are implementation details and are not counted: they show up as a lower TB/s,
+which is the point.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+from .ops import get_op
 
 DIRECTIONS_BENCH = ("fwd", "bwd", "fwdbwd")
 
@@ -22,17 +27,19 @@ class Bytes:
     extra: int
 
 
-def bytes_moved(op: str, direction: str, m: int, n: int, elem_size: int, affine: bool = True) -> Bytes:
+def bytes_moved(op: str, direction: str, m: int, n: int, elem_size: int, affine: bool = True, param_size: int | None = None) -> Bytes:
+    """``param_size``: bytes per parameter element (x's ``elem_size`` unless given: 4 for fp32
+    parameters beside 16-bit x)."""
     if direction not in DIRECTIONS_BENCH:
         raise ValueError(f"unknown direction '{direction}'; expected one of {', '.join(DIRECTIONS_BENCH)}")
-    if op not in ("rmsnorm", "layernorm"):
-        raise ValueError(f"unknown op '{op}'")
-    n_stats = 2 if op == "layernorm" else 1
-    n_vec_fwd = (2 if op == "layernorm" else 1) if affine else (1 if op == "layernorm" else 0)
-    fwd = Bytes(2 * m * n * elem_size, n_vec_fwd * n * elem_size + n_stats * m * 4)
-    # bwd reads weight, the statistics; writes dweight (and dbias)
-    n_grads = (2 if op == "layernorm" else 1) if affine else (1 if op == "layernorm" else 0)
-    bwd = Bytes(3 * m * n * elem_size, (n * elem_size if affine else 0) + n_stats * m * 4 + n_grads * n * elem_size)
+    rec = get_op(op)
+    ps = elem_size if param_size is None else param_size
+    n_stats = len(rec.stats)
+    n_params = len(rec.params) if affine else 0
+    # fwd reads the parameters and writes the statistics; bwd reads the weight and the statistics
+    # and writes a gradient per parameter
+    fwd = Bytes(rec.rows_of("fwd") * m * n * elem_size, n_params * n * ps + n_stats * m * 4)
+    bwd = Bytes(rec.rows_of("bwd") * m * n * elem_size, (n * ps if affine else 0) + n_stats * m * 4 + n_params * n * ps)
     if direction == "fwd":
         return fwd
     if direction == "bwd":

@@ -46,15 +46,18 @@ from typing import Callable
 
 import torch
 
-from . import autograd, reference
-from .checker import compare
-from .contract import DTYPE_NAMES, Implementation, describe_error
+from . import autograd
+from .checker import _bwd_scales, compare
+from .contract import DTYPE_NAMES, PARAM_DTYPES, Implementation, describe_error
+from .ops import OPS, get_op
 from .roofline import bytes_moved
 
 log = logging.getLogger("normbench.tritonbench")
 
-# TritonBench operator -> normbench op
-OPERATORS = {"rms_norm": "rmsnorm", "layer_norm": "layernorm"}
+# TritonBench operator -> normbench op, from the op records (harness.ops: ``tritonbench``). add_rmsnorm
+# has none: TritonBench's operators folder holds rms_norm, layer_norm and fused_rmsnorm_matmul, no
+# residual + RMSNorm operator, so there is nothing to register it on.
+OPERATORS = {rec.tritonbench: name for name, rec in OPS.items() if rec.tritonbench}
 BACKEND_PREFIX = "normbench_"
 FP64_METRICS = ("fp64_accuracy", "fp64_rel_l2")
 DEFAULT_REPORT_DIR = Path("reports") / "tritonbench"
@@ -155,8 +158,8 @@ def _supported(impl: Implementation, x: torch.Tensor, weight, bias):
     if DTYPE_NAMES.get(x.dtype) not in impl.dtypes:
         raise NotImplementedError(f"{impl.name} supports {', '.join(impl.dtypes)}, not {x.dtype}")
     for name, t in (("weight", weight), ("bias", bias)):
-        if t is not None and t.dtype != x.dtype:
-            raise NotImplementedError(f"{name} is {t.dtype} but x is {x.dtype}; normbench kernels take one dtype")
+        if t is not None and t.dtype != x.dtype and t.dtype not in PARAM_DTYPES:
+            raise NotImplementedError(f"{name} is {t.dtype} but x is {x.dtype}; normbench kernels take x's dtype or fp32")
 
 
 # ---------------------------------------------------------------- backends
@@ -172,9 +175,9 @@ def backend_method(impl: Implementation, op: str) -> Callable:
     def backend(self, *inputs):
         x, weight, bias, eps = operator_inputs(self, op, inputs)
         _supported(impl, x, weight, bias)
-        if op == "rmsnorm":
-            return lambda: autograd.rmsnorm(x, weight, eps, impl=impl)
-        return lambda: autograd.layernorm(x, weight, bias, eps, impl=impl)
+        args = get_op(op).fwd_call({"x": x, "weight": weight, "bias": bias, "eps": eps})
+        differentiable = getattr(autograd, op)  # harness.autograd's function of the same name
+        return lambda: differentiable(*args, impl=impl)
 
     backend.__name__ = backend.__qualname__ = backend_name(impl.name)
     backend.__doc__ = impl.description
@@ -326,15 +329,17 @@ def _check_backend(operator, op: str, fn_name: str | None) -> Verdict:
     if y is None:
         return Verdict(None, detail="the backend returned no tensor")
     x_, w_, b_ = (t.detach() if t is not None else None for t in (x, weight, bias))
-    ref_out = reference.rmsnorm_fwd(x_, w_, eps) if op == "rmsnorm" else reference.layernorm_fwd(x_, w_, b_, eps)
-    ref_y, rstd = ref_out[0], ref_out[-1]
+    rec = get_op(op)
+    case = {"x": x_, "weight": w_, "bias": b_, "eps": eps}
+    ref_out = rec.reference_fwd(*rec.fwd_call(case))
+    ref_y = ref_out[0]
     # A backend may return another dtype (older rms_norm baselines multiply by an fp32 weight):
     # its values are judged in x's dtype, the precision the comparison is about.
     y_seen = y.detach().to(x.dtype) if y.dtype != x.dtype else y.detach()
     # y is checked in every mode: a backward on a wrong forward means nothing.
     reports = [compare("y", y_seen, ref_y, x.dtype, x.shape)]
     if backward:
-        reports += _check_grads(op, y, x_, w_, rstd, leaves, ref_out)
+        reports += _check_grads(rec, y, case, leaves, ref_out)
     errors = [r.rel_l2 for r in reports if not math.isnan(r.rel_l2)]
     bad = [r for r in reports if not r.passed]
     # TritonBench's CSV is ';'-separated: keep ';' out of the text.
@@ -356,31 +361,23 @@ def _with_fresh_leaves(op: str, inputs: tuple):
     return new, {k: v for k, v in leaves.items() if isinstance(v, torch.Tensor)}
 
 
-def _check_grads(op, y, x, w, rstd, leaves, ref_out):
+def _check_grads(rec, y, case, leaves, ref_out):
     if not y.requires_grad or not leaves:
         return []
     g = torch.Generator(device=y.device).manual_seed(DY_SEED)
     dy = torch.randn(y.shape, generator=g, device=y.device, dtype=torch.float32).to(y.dtype)
     names = list(leaves)
     grads = torch.autograd.grad(y, [leaves[n] for n in names], dy, allow_unused=True)
-    if op == "rmsnorm":
-        ref = dict(zip(("dx", "dweight"), reference.rmsnorm_bwd(dy, x, w, rstd)))
-    else:
-        ref = dict(zip(("dx", "dweight", "dbias"), reference.layernorm_bwd(dy, x, w, ref_out[1], rstd)))
-    # The magnitude of each gradient's terms, the tolerance floor of results that cancel (as in
-    # harness.checker).
-    n = x.shape[-1]
-    dy64, r64 = dy.double().reshape(-1, n), rstd.reshape(-1, 1)
-    scales = {
-        "dx": (dy64 * (w.double() if w is not None else 1.0) * r64).abs().reshape(x.shape),
-        "dweight": (dy64 * x.double().reshape(dy64.shape) * r64).square().sum(0).sqrt(),
-        "dbias": dy64.square().sum(0).sqrt(),
-    }
+    case = {**case, "dy": dy}
+    ref_args = dict(zip((a.name for a in rec.bwd_args), rec.bwd_call(case, ref_out)))
+    ref = dict(zip((a.name for a in rec.bwd_outputs), rec.reference_bwd(*ref_args.values())))
+    # the magnitude of each gradient's terms, the tolerance floor of results that cancel (the checker's)
+    scales = _bwd_scales(rec, case, ref_args)
     reports = []
     for name, grad in zip(names, grads):
         if grad is None or ref.get(name) is None:
             continue  # the backend does not differentiate this input (e.g. its own internal weight)
-        reports.append(compare(name, grad, ref[name], leaves[name].dtype, leaves[name].shape, scales[name]))
+        reports.append(compare(name, grad, ref[name], leaves[name].dtype, leaves[name].shape, scales["rows" if name == "dx" else name]))
     return reports
 
 

@@ -111,3 +111,43 @@ def dweight_16bit_row_blocks(block: int = 100):
         return dx.reshape(x.shape), acc.to(weight.dtype)
 
     return SimpleNamespace(rmsnorm_fwd=eager.rmsnorm_fwd, rmsnorm_bwd=rmsnorm_bwd)
+
+
+def _add_rms_bwd_no_dresidual(dy, dresidual_out, residual_out, weight, rstd):
+    # forgets the gradient that reaches h through the residual stream
+    return eager.add_rmsnorm_bwd(dy, None, residual_out, weight, rstd)
+
+
+def dh_without_dresidual():
+    return SimpleNamespace(add_rmsnorm_fwd=eager.add_rmsnorm_fwd, add_rmsnorm_bwd=_add_rms_bwd_no_dresidual)
+
+
+def _rms_fwd_weight_in_bf16(x, weight, eps):
+    # the (offset + w) weight rounded to bf16, as an add of the offset in bf16 leaves it: 1 + w -> 1
+    return eager.rmsnorm_fwd(x, weight.to(torch.bfloat16).to(weight.dtype), eps)
+
+
+def offset_in_bf16():
+    return SimpleNamespace(rmsnorm_fwd=_rms_fwd_weight_in_bf16, rmsnorm_bwd=eager.rmsnorm_bwd)
+
+
+def _rms_bwd_dweight_in_x_dtype(dy, x, weight, rstd):
+    dx, dw = eager.rmsnorm_bwd(dy, x, weight, rstd)
+    return dx, dw.to(x.dtype)
+
+
+def dweight_in_x_dtype():
+    return SimpleNamespace(rmsnorm_fwd=eager.rmsnorm_fwd, rmsnorm_bwd=_rms_bwd_dweight_in_x_dtype)
+
+
+def _ln_fwd_overflow_to_bias(x, weight, bias, eps):
+    # var = inf -> rstd = rsqrt(inf) = 0 -> y = bias: finite and wrong where torch returns NaN
+    xf = x.float()
+    var, mean = torch.var_mean(xf, -1, correction=0, keepdim=True)
+    rstd = torch.rsqrt(var + eps)
+    y = (xf - mean) * rstd * weight.float() + bias.float()
+    return y.to(x.dtype), mean.squeeze(-1), rstd.squeeze(-1)
+
+
+def overflow_to_bias():
+    return SimpleNamespace(layernorm_fwd=_ln_fwd_overflow_to_bias, layernorm_bwd=eager.layernorm_bwd)

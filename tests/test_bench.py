@@ -4,6 +4,7 @@ import json
 import math
 
 import pytest
+import torch
 
 from harness import rank, report
 from harness.bench import NOISY_SPREAD, load_results, run_bench, summarize
@@ -205,3 +206,56 @@ def _timer_for(name, ms):
     t = FakeTimer({name: ms})
     t.current = name
     return t
+
+
+def test_bytes_model_comes_from_the_op_record():
+    # add_rmsnorm: x, residual read + y, residual_out written; dy, dresidual_out, residual_out read + dh written
+    assert bytes_moved("add_rmsnorm", "fwd", 8, 16, 2).main == 4 * 8 * 16 * 2
+    assert bytes_moved("add_rmsnorm", "bwd", 8, 16, 2).main == 4 * 8 * 16 * 2
+    assert bytes_moved("add_rmsnorm", "fwdbwd", 8, 16, 2).main == 8 * 8 * 16 * 2
+    # fp32 parameters beside bf16 x: the weight read and the dweight write at 4 bytes each
+    assert bytes_moved("add_rmsnorm", "bwd", 8, 16, 2, param_size=4).extra == 16 * 4 + 8 * 4 + 16 * 4
+    assert bytes_moved("layernorm", "fwd", 8, 16, 2, param_size=4).extra == 2 * 16 * 4 + 2 * 8 * 4
+    with pytest.raises(ValueError, match="unknown op"):
+        bytes_moved("softmax", "fwd", 1, 1, 2)
+
+
+def test_callables_wire_the_backward_from_the_record():
+    from harness.bench import callables
+    from harness.contract import DTYPES
+    from harness.inputs import make_case
+
+    k = get("eager").kernels("cpu")
+    case = make_case("add_rmsnorm", Shape((8, 64)), DTYPES["bf16"])
+    y, h, _ = callables(k, "add_rmsnorm", "fwd", case)()
+    dh, dw = callables(k, "add_rmsnorm", "bwd", case)()
+    dh2, dw2 = callables(k, "add_rmsnorm", "fwdbwd", case)()
+    assert torch.equal(h, case["x"] + case["residual"]) and torch.equal(dh, dh2) and torch.equal(dw, dw2)
+    # the backward got residual_out and dresidual_out, not x
+    expect, _ = k.add_rmsnorm_bwd(case["dy"], case["dresidual_out"], h, case["weight"], k.add_rmsnorm_fwd(case["x"], case["residual"], case["weight"], case["eps"])[2])
+    assert torch.equal(dh, expect)
+
+
+def test_weight_variants_are_points_of_their_own_ranked_apart(tmp_path, monkeypatch):
+    import harness.bench as bench
+
+    timer = FakeTimer({"eager": 2.0})
+    timer.current = "eager"
+    shapes = [("sweep", (Shape((16, 256)),))]
+    common = dict(device="cpu", timer=timer, copy_bandwidth={"tbps": 0.001}, progress=False)
+    weights = ("same", "fp32", "offset")
+    todo = bench.plan([get("eager")], ["add_rmsnorm"], ["fwd"], shapes, ["bf16", "fp32"], weights)
+    assert sorted((t[5], t[6]) for t in todo) == [("bf16", "fp32"), ("bf16", "offset"), ("bf16", "same"), ("fp32", "offset"), ("fp32", "same")]
+    rows = run_bench([get("eager")], ["add_rmsnorm"], ["fwd", "bwd"], shapes, ["bf16"], tmp_path, weights=weights, **common)
+    assert len(rows) == 6 and all(r["status"] == "ok" for r in rows)
+    assert len({bench.point_key(r) for r in rows}) == 6  # no collision between variants
+    by = {(r["direction"], r["weights"]): r for r in rows}
+    assert by[("fwd", "fp32")]["bytes_extra"] > by[("fwd", "same")]["bytes_extra"]
+    secs = rank.sections(rows)
+    assert ("add_rmsnorm", "fwd", "sweep", "bf16+fp32") in secs and ("add_rmsnorm", "bwd", "sweep", "bf16+offset") in secs
+    assert [r.impl for r in rank.leaderboard(rows, "add_rmsnorm", "fwd", "sweep", "bf16+offset")] == ["eager"]
+    # a row from before the variant existed is "same" and still ranks
+    old = {k: v for k, v in by[("fwd", "same")].items() if k != "weights"}
+    assert bench.point_key(old)[-1] == "same" and rank.leaderboard([old], "add_rmsnorm", "fwd")[0].passed == 1
+    md = report.write_report(tmp_path)["report"].read_text()
+    assert "add_rmsnorm fwd — sweep, bf16+fp32" in md and "add_rmsnorm bwd — sweep, bf16+offset" in md

@@ -5,7 +5,7 @@ import torch
 
 from harness import get
 from harness.checker import compare, poisoned_allocations, run_check
-from harness.contract import Implementation
+from harness.contract import OPS, Implementation
 from harness.shapes import SHAPE_SETS, Shape
 
 
@@ -17,7 +17,7 @@ def test_correct_bf16_kernel_passes_every_cpu_shape_set():
     eager = get("eager")
     for name in ("smoke", "edge"):
         for shape in SHAPE_SETS[name]:
-            for op in ("rmsnorm", "layernorm"):
+            for op in OPS:
                 for d in ("fwd", "bwd"):
                     r = run_check(eager, op, d, shape, "bf16", "cpu")
                     assert r.passed, (name, shape, op, d, r.summary())
@@ -112,3 +112,67 @@ def test_inputs_are_fresh_random_never_zero(dtype):
         assert not torch.equal(a[key], b[key])
     scales = a["x"].float().square().mean(-1)
     assert scales.min() < a["eps"] < scales.max()  # some rows are dominated by eps
+
+
+def test_dh_without_dresidual_out_is_rejected():
+    r = run_check(mutant("dh_without_dresidual", ("add_rmsnorm",)), "add_rmsnorm", "bwd", Shape((16, 256)), "bf16", "cpu")
+    assert r.status == "fail"
+    by = {t.name: t for t in r.tensors}
+    assert not by["dh"].passed and by["dweight"].passed, r.summary()
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp16", "fp32"])
+def test_add_rmsnorm_checks_every_output(dtype):
+    eager = get("eager")
+    for d, names in (("fwd", ["y", "residual_out", "rstd"]), ("bwd", ["dh", "dweight"])):
+        r = run_check(eager, "add_rmsnorm", d, Shape((2, 5, 1003), "column-slice"), dtype, "cpu")
+        assert r.passed and [t.name for t in r.tensors] == names, r.summary()
+
+
+def test_the_offset_added_in_bf16_is_rejected():
+    # in 16-bit activations losing w (~1e-3 beside 1) stays under the output's own rounding; fp32
+    # activations see it at once
+    r = run_check(mutant("offset_in_bf16"), "rmsnorm", "fwd", Shape((64, 512)), "fp32", "cpu", weights="offset")
+    assert r.status == "fail" and not {t.name: t for t in r.tensors}["y"].passed, r.summary()
+    assert run_check(get("eager"), "rmsnorm", "fwd", Shape((64, 512)), "fp32", "cpu", weights="offset").passed
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+def test_dweight_in_x_dtype_beside_fp32_weights_is_rejected(dtype):
+    r = run_check(mutant("dweight_in_x_dtype"), "rmsnorm", "bwd", Shape((16, 64)), dtype, "cpu", weights="fp32")
+    assert r.status == "fail" and "dtype" in r.summary()
+    # the same kernel is right when the weight has x's dtype
+    assert run_check(mutant("dweight_in_x_dtype"), "rmsnorm", "bwd", Shape((16, 64)), dtype, "cpu").passed
+
+
+def test_fp32_and_offset_weights_reach_the_kernels_as_fp32():
+    from harness.contract import DTYPES
+    from harness.inputs import make_case
+
+    same = make_case("layernorm", Shape((4, 64)), DTYPES["bf16"], weights="same")
+    fp32 = make_case("layernorm", Shape((4, 64)), DTYPES["bf16"], weights="fp32")
+    off = make_case("layernorm", Shape((4, 64)), DTYPES["bf16"], weights="offset")
+    assert same["weight"].dtype == same["bias"].dtype == torch.bfloat16
+    assert fp32["weight"].dtype == fp32["bias"].dtype == torch.float32
+    assert torch.equal(same["x"], fp32["x"]) and torch.equal(same["x"], off["x"])  # only the parameters differ
+    assert off["weight"].dtype == torch.float32 and off["raw_weight"].dtype == torch.bfloat16
+    # w is lost when 1 + w is added in bf16, kept in fp32
+    assert int(((off["raw_weight"] + 1.0) == 1.0).sum()) > 48
+    assert torch.equal(off["weight"], off["raw_weight"].float() + 1.0) and (off["weight"] != 1.0).all()
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp32"])
+def test_overflow_to_a_finite_wrong_number_is_rejected_and_nan_accepted(dtype):
+    shape = Shape((8, 256))
+    r = run_check(mutant("overflow_to_bias", ("layernorm",)), "layernorm", "fwd", shape, dtype, "cpu", overflow=True)
+    assert r.status == "fail" and not {t.name: t for t in r.tensors}["y"].passed, r.summary()
+    for d in ("fwd", "bwd"):  # eager returns NaN, as torch does, and its backward keeps it
+        assert run_check(get("eager"), "layernorm", d, shape, dtype, "cpu", overflow=True).passed
+    skipped = run_check(get("eager"), "rmsnorm", "fwd", shape, dtype, "cpu", overflow=True)
+    assert skipped.status == "skip" and "overflow" in skipped.error
+
+
+def test_overflow_backward_runs_on_the_forwards_own_statistics():
+    # a forward whose rstd is 0 (var overflowed, not NaN) makes the backward return zeros: rejected
+    r = run_check(mutant("overflow_to_bias", ("layernorm",)), "layernorm", "bwd", Shape((8, 256)), "bf16", "cpu", overflow=True)
+    assert r.status == "fail" and not {t.name: t for t in r.tensors}["dx"].passed, r.summary()

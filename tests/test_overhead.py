@@ -32,3 +32,12 @@ def test_overhead_cli_errors_are_one_line(capsys):
     assert main(["overhead", "--device", "cpu", "--calls", "0"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 2 and all(e.startswith("normbench: error:") for e in err)
+
+
+def test_every_op_is_measured_from_its_record():
+    rows = run([get("eager")], ["add_rmsnorm"], Shape((4, 256)), "bf16", "cpu", calls=3, trials=2)
+    by = {r["impl"]: r for r in rows}
+    assert "error" not in by["eager"], by["eager"]
+    assert by["eager"]["contract_fwd_us"] > 0 and by["eager"]["contract_bwd_us"] > 0
+    # the reference row runs x + residual then F.rms_norm through autograd
+    assert by["torch.nn.functional"]["autograd_fwd_bwd_us"] > 0

@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from harness import cli
+from harness.registry import get
 from harness import tritonbench as tbx
 from harness.contract import Implementation
 from harness.registry import all_implementations
@@ -367,3 +368,15 @@ def test_real_tritonbench_on_gpu(tb_op, tmp_path):
     row = read_csv(tmp_path / f"{tb_op}-fwd_bwd-bf16-from0-n1.csv")[0]
     for name in expected_backends(tb_op, "cuda"):
         assert float(row[f"{name}-fp64_accuracy"]) == 1.0, name
+
+
+def test_operators_come_from_the_op_records_and_take_fp32_parameters():
+    from harness import tritonbench as tbm
+    from harness.ops import OPS
+
+    # add_rmsnorm has no TritonBench operator to be registered on (README)
+    assert tbm.OPERATORS == {"rms_norm": "rmsnorm", "layer_norm": "layernorm"} and OPS["add_rmsnorm"].tritonbench is None
+    x = torch.randn(4, 64).bfloat16()
+    tbm._supported(get("eager"), x, torch.ones(64), torch.zeros(64))  # fp32 parameters beside bf16 x
+    with pytest.raises(NotImplementedError, match="fp32"):
+        tbm._supported(get("eager"), x, torch.ones(64, dtype=torch.float64), None)

@@ -1,6 +1,7 @@
 from harness.contract import Implementation
 
-_COMMON = dict(dsl="compile", entry="impls.compile.kernels:make", devices=("cpu", "cuda"), sources=("impls/compile/kernels.py",), cpu_cost="costly")
+_COMMON = dict(dsl="compile", entry="impls.compile.kernels:make", devices=("cpu", "cuda"), sources=("impls/compile/kernels.py",), cpu_cost="costly",
+               ops=("rmsnorm", "layernorm", "add_rmsnorm"))
 
 IMPLEMENTATIONS = [
     Implementation(

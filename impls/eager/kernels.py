@@ -5,6 +5,16 @@ F.layer_norm dispatch to), which also return the fp32 statistics. Backward: the 
 runs for them (``_fused_rms_norm_backward``, ``native_layer_norm_backward``), called directly with the
 saved statistics so no forward is recomputed. On the CPU, where ATen has no fused RMSNorm backward
 and its LayerNorm backward takes the statistics in x's dtype, the same formulas run as fp32 ops.
+
+Add + RMSNorm is the unfused pair a model runs without a fused kernel: ``h = x + residual`` (one
+elementwise kernel, fp32 math rounded to x's dtype), then the RMSNorm above on h; backward: the
+RMSNorm backward, then ``dh = dx + dresidual_out`` as autograd accumulates it. Two extra passes
+over the rows: the baseline a fused kernel is measured against.
+
+Parameters may be fp32 beside 16-bit x (ATen's kernels take mixed dtypes); gradients come back in
+the parameters' dtype. Overflow (rows whose squares overflow fp32): ATen's LayerNorm returns NaN (on
+the CPU only for rows of one block); the CPU path recomputes the statistics and keeps NaN for every
+row width rather than rstd = rsqrt(inf) = 0, which gives y = bias and a backward of zeros.
 """
 
 import torch
@@ -35,12 +45,28 @@ def rmsnorm_bwd(dy, x, weight, rstd):
     return dx.to(x.dtype), dw
 
 
+def add_rmsnorm_fwd(x, residual, weight, eps):
+    h = x + residual
+    y, rstd = rmsnorm_fwd(h, weight, eps)
+    return y, h, rstd
+
+
+def add_rmsnorm_bwd(dy, dresidual_out, residual_out, weight, rstd):
+    dx, dw = rmsnorm_bwd(dy, residual_out, weight, rstd)
+    return (dx if dresidual_out is None else dx + dresidual_out), dw
+
+
 def layernorm_fwd(x, weight, bias, eps):
+    if bias is not None and weight is not None and bias.dtype != weight.dtype:
+        bias = bias.to(weight.dtype)  # ATen's mixed-dtype kernels want both parameters fp32 (N elements)
     y, mean, rstd = aten.native_layer_norm(x, [x.shape[-1]], weight, bias, eps)
-    if mean.dtype != torch.float32:
-        # ATen's CPU kernel returns the statistics in x's dtype; the contract wants them in fp32
+    if not x.is_cuda:
+        # ATen's CPU kernel returns the statistics in x's dtype (the contract wants fp32), and on
+        # wide rows whose variance overflows it returns rstd = 0 and y = bias where its narrow-row
+        # path returns NaN: statistics in fp32, NaN wherever the variance overflowed
         var, mean = torch.var_mean(x.float(), -1, correction=0)
-        return y, mean, torch.rsqrt(var + eps)
+        overflow = torch.isinf(var)
+        return y.masked_fill(overflow.unsqueeze(-1), float("nan")), mean, torch.rsqrt(var + eps).masked_fill(overflow, float("nan"))
     return y, mean.reshape(-1), rstd.reshape(-1)
 
 
@@ -52,10 +78,11 @@ def layernorm_bwd(dy, x, weight, mean, rstd):
         xhat = (x.float() - mean.view(-1, 1)) * rstd.view(-1, 1)
         g = dy.float() * weight.float() if weight is not None else dy.float()
         dx = rstd.view(-1, 1) * (g - xhat * (g * xhat).mean(-1, keepdim=True) - g.mean(-1, keepdim=True))
-        dw = (dy.float() * xhat).sum(0).to(x.dtype) if weight is not None else None
-        return dx.to(x.dtype), dw, dy.float().sum(0).to(x.dtype)
-    # ATen only uses ``bias`` to know that dbias is wanted: any (N,) tensor will do
-    bias_marker = torch.empty(n, dtype=x.dtype, device=x.device)
+        pdtype = weight.dtype if weight is not None else x.dtype
+        dw = (dy.float() * xhat).sum(0).to(pdtype) if weight is not None else None
+        return dx.to(x.dtype), dw, dy.float().sum(0).to(pdtype)
+    # ATen only uses ``bias`` to know that dbias is wanted (and in which dtype): any (N,) tensor will do
+    bias_marker = torch.empty(n, dtype=weight.dtype if weight is not None else x.dtype, device=x.device)
     return aten.native_layer_norm_backward(
         dy, x, [n], mean.view(-1, 1), rstd.view(-1, 1), weight, bias_marker, [True, weight is not None, True]
     )
