@@ -717,14 +717,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("model", help="train a Hugging Face model with its own norms and each implementation's: agreement, step time")
     s.add_argument("--arch", default="llama", help="llama, qwen3, gemma3, gpt2, mistral, qwen2 (comma-separated; default: llama)")
-    s.add_argument("--size", default="tiny", choices=("tiny", "small", "1b"))
+    s.add_argument("--size", default="tiny", choices=("tiny", "small", "1b"), help="model size: tiny (CI), small (4 layers, hidden 2048, 4 x 1024 tokens), 1b")
     s.add_argument("--impl", help="glob(s) over implementation names or DSLs, comma-separated (default: all)")
     s.add_argument("--steps", type=int, default=10, help="training steps compared (and per timing trial)")
     s.add_argument("--trials", type=int, help="timing trials (default: 5 on cuda, none on cpu)")
     s.add_argument("--compile", action="store_true", help="torch.compile the whole model")
     s.add_argument("--dtype", default="bf16", help="model dtype: bf16 or fp32 (default: bf16)")
     s.add_argument("--device", help="cpu or cuda (default: cuda if available)")
-    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--seed", type=int, default=0, help="seed of the weights and batches (default: 0)")
     s.add_argument("--out", help="report folder (default: reports/<gpu>/<date>/models)")
     s.set_defaults(fn=cmd_model)
 
