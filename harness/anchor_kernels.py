@@ -88,14 +88,17 @@ def liger():
 
     def add_rmsnorm_fwd(x, residual, weight, eps):
         # its forward views the rows as (-1, N): a column slice arrives copied
-        y, h, rstd, _, _, _ = _with_row_mode(fa.fused_add_rms_norm_forward, x.contiguous(), residual.contiguous(), weight, eps, 0.0, "llama")
+        # returns (Y, S, RSTD, BLOCK_SIZE, num_warps, num_stages, casting_mode) in 0.8.5
+        y, h, rstd, *_ = _with_row_mode(fa.fused_add_rms_norm_forward, x.contiguous(), residual.contiguous(), weight, eps, 0.0, "llama")
         return y, h, rstd
 
     def add_rmsnorm_bwd(dy, dresidual_out, residual_out, weight, rstd):
         block, warps = calculate_settings(residual_out.shape[-1])
         dres = torch.zeros_like(dy) if dresidual_out is None else dresidual_out.contiguous()
+        # (dY, dS_out, S, W, RSTD, offset, casting_mode, BLOCK_SIZE, num_warps, num_stages, in_place):
+        # num_stages 2, as its forward picks
         dh, _, dw = _with_row_mode(fa.fused_add_rms_norm_backward, dy.contiguous(), dres, residual_out.contiguous(), weight, rstd, 0.0,
-                                   fa._str_to_casting_mode["llama"], block, warps, False)  # fmt: skip
+                                   fa._str_to_casting_mode["llama"], block, warps, 2, False)  # fmt: skip
         return dh, dw
 
     return SimpleNamespace(rmsnorm_fwd=rmsnorm_fwd, rmsnorm_bwd=rmsnorm_bwd, layernorm_fwd=layernorm_fwd, layernorm_bwd=layernorm_bwd,

@@ -352,8 +352,9 @@ def test_overflowing_statistics_give_nan(dtype, n):
 
 @pytest.mark.gpu
 def test_new_m_does_not_recompile():
-    x = torch.randn(300, 2880, device="cuda", dtype=BF16)
-    w = torch.randn(2880, device="cuda", dtype=BF16)
+    # a width no other test compiles for, so the backward's compile is this test's own
+    x = torch.randn(300, 2872, device="cuda", dtype=BF16)
+    w = torch.randn(2872, device="cuda", dtype=BF16)
     K.rmsnorm_fwd(x, w, 1e-5)
     keys = set(K.COMPILE_SECONDS)
     for m in (1, 17, 299):

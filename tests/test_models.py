@@ -131,7 +131,8 @@ def test_without_transformers_one_line_and_exit_2(monkeypatch, capsys):
 @pytest.mark.parametrize("compiled", [False, True])
 def test_every_implementation_on_cuda(compiled, tmp_path):
     # compiled: whole-model torch.compile of every variant costs tens of seconds each; a subset
-    impls = "eager,triton,cute" if compiled else "*,!compile-max-autotune"
+    # the LLM samples' first shots predate fp32 parameters (Gemma's 1 + w): their failures are results
+    impls = "eager,triton,cute" if compiled else "*,!compile-max-autotune,!llm-*"
     args = ["model", "--arch", "llama,qwen3,gemma3,gpt2", "--size", "tiny", "--steps", "3", "--trials", "2",
             "--impl", impls, "--device", "cuda", "--out", str(tmp_path)] + (["--compile"] if compiled else [])  # fmt: skip
     rc = main(args)

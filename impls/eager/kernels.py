@@ -11,8 +11,9 @@ elementwise kernel, fp32 math rounded to x's dtype), then the RMSNorm above on h
 RMSNorm backward, then ``dh = dx + dresidual_out`` as autograd accumulates it. Two extra passes
 over the rows: the baseline a fused kernel is measured against.
 
-Parameters may be fp32 beside 16-bit x (ATen's kernels take mixed dtypes); gradients come back in
-the parameters' dtype. Overflow (rows whose squares overflow fp32): ATen's LayerNorm returns NaN (on
+Parameters may be fp32 beside 16-bit x (ATen's LayerNorm kernels take mixed dtypes; its fused CUDA
+RMSNorm does not, and the composite formula F.rms_norm falls back to runs instead); gradients come
+back in the parameters' dtype. Overflow (rows whose squares overflow fp32): ATen's LayerNorm returns NaN (on
 the CPU only for rows of one block); the CPU path recomputes the statistics and keeps NaN for every
 row width rather than rstd = rsqrt(inf) = 0, which gives y = bias and a backward of zeros.
 """
@@ -22,7 +23,15 @@ import torch
 aten = torch.ops.aten
 
 
+def _mixed(x, weight) -> bool:
+    # ATen's fused CUDA RMSNorm takes one dtype; F.rms_norm falls back to its composite ops then
+    return weight is not None and weight.dtype != x.dtype and x.is_cuda
+
+
 def rmsnorm_fwd(x, weight, eps):
+    if _mixed(x, weight):  # F.rms_norm's composite formula, in fp32
+        rstd = torch.rsqrt(x.float().square().mean(-1, keepdim=True) + eps)
+        return (x.float() * rstd * weight.float()).to(x.dtype), rstd.reshape(-1)
     y, rstd = aten._fused_rms_norm(x, [x.shape[-1]], weight, eps)
     return y, rstd.reshape(-1).float()
 
@@ -34,7 +43,7 @@ def _has_fused_rms_bwd(device: torch.device) -> bool:
 
 
 def rmsnorm_bwd(dy, x, weight, rstd):
-    if _has_fused_rms_bwd(x.device):
+    if _has_fused_rms_bwd(x.device) and not _mixed(x, weight):
         mask = [True, weight is not None]
         return aten._fused_rms_norm_backward(dy, x, [x.shape[-1]], rstd.view(-1, 1), weight, mask)
     # ATen's composite formula, in fp32 (what autograd of F.rms_norm computes on such a backend)
