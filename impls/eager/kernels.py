@@ -11,9 +11,9 @@ elementwise kernel, fp32 math rounded to x's dtype), then the RMSNorm above on h
 RMSNorm backward, then ``dh = dx + dresidual_out`` as autograd accumulates it. Two extra passes
 over the rows: the baseline a fused kernel is measured against.
 
-Parameters may be fp32 beside 16-bit x (ATen's LayerNorm kernels take mixed dtypes; its fused CUDA
-RMSNorm does not, and the composite formula F.rms_norm falls back to runs instead); gradients come
-back in the parameters' dtype. Overflow (rows whose squares overflow fp32): ATen's LayerNorm returns NaN (on
+Parameters may be fp32 beside 16-bit x: ATen's CPU kernels take mixed dtypes; its CUDA kernels (torch
+2.11) do not, and there the same formulas run as fp32 ops, as F.rms_norm's composite fallback does;
+gradients come back in the parameters' dtype. Overflow (rows whose squares overflow fp32): ATen's LayerNorm returns NaN (on
 the CPU only for rows of one block); the CPU path recomputes the statistics and keeps NaN for every
 row width rather than rstd = rsqrt(inf) = 0, which gives y = bias and a backward of zeros.
 """
@@ -68,6 +68,12 @@ def add_rmsnorm_bwd(dy, dresidual_out, residual_out, weight, rstd):
 def layernorm_fwd(x, weight, bias, eps):
     if bias is not None and weight is not None and bias.dtype != weight.dtype:
         bias = bias.to(weight.dtype)  # ATen's mixed-dtype kernels want both parameters fp32 (N elements)
+    if _mixed(x, weight):  # ATen's CUDA LayerNorm wants x's dtype too: F.layer_norm's formula in fp32
+        var, mean = torch.var_mean(x.float(), -1, correction=0, keepdim=True)
+        rstd = torch.rsqrt(var + eps)
+        y = (x.float() - mean) * rstd * weight.float()
+        y = y + bias.float() if bias is not None else y
+        return y.to(x.dtype), mean.reshape(-1), rstd.reshape(-1)
     y, mean, rstd = aten.native_layer_norm(x, [x.shape[-1]], weight, bias, eps)
     if not x.is_cuda:
         # ATen's CPU kernel returns the statistics in x's dtype (the contract wants fp32), and on
@@ -81,9 +87,9 @@ def layernorm_fwd(x, weight, bias, eps):
 
 def layernorm_bwd(dy, x, weight, mean, rstd):
     n = x.shape[-1]
-    if not x.is_cuda:
-        # ATen's CPU backward wants the statistics in x's dtype (losing their precision): use the
-        # formula it implements, in fp32, instead
+    if not x.is_cuda or _mixed(x, weight):
+        # ATen's CPU backward wants the statistics in x's dtype (losing their precision), its CUDA
+        # backward one dtype for x and the weight: the formula it implements, in fp32, instead
         xhat = (x.float() - mean.view(-1, 1)) * rstd.view(-1, 1)
         g = dy.float() * weight.float() if weight is not None else dy.float()
         dx = rstd.view(-1, 1) * (g - xhat * (g * xhat).mean(-1, keepdim=True) - g.mean(-1, keepdim=True))
