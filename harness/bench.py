@@ -478,7 +478,7 @@ def run_bench(
 
 
 def merge_results(dest: Path, sources: list[Path], commit: str | None = None) -> list[dict]:
-    """Fold benchmark folders measured elsewhere (another session, a re-run of one implementation)
+    """Fold benchmark folders measured elsewhere (another run, a re-run of one implementation)
     into ``dest``: their runs are appended to ``dest``'s, and each of their points replaces the point
     with the same key (implementation, op, direction, shape, dtype, weights) in ``dest``. Points keep their
     own run's copy bandwidth, so every fraction stays the one measured next to it. ``commit`` names
