@@ -66,7 +66,7 @@ def _cache(tmp_path, monkeypatch):
 
 
 def store(tmp_path, code: str, model: str, prompt: Path = RMSNORM_PROMPT) -> Path:
-    # every test its own model name: records are cached by name for the whole test session
+    # every test its own model name: records are cached by name for the whole pytest run
     return store_sample(prompt, answer(code), model, {"temperature": 0.0}, tmp_path / "llm", date="2026-01-02")
 
 
