@@ -70,6 +70,7 @@ class Point:
     bytes_extra: int = 0
     tbps: float | None = None
     frac_roofline: float | None = None
+    config: str = ""  # where the launch config came from, for implementations that pin them per GPU
 
     @property
     def key(self) -> tuple:
@@ -365,6 +366,18 @@ def callables(k, op: str, direction: str, case: dict):
     return both
 
 
+def config_source(impl: Implementation, op: str, directions, n: int, dtype: str, device) -> str:
+    """The implementation's own account of where its launch configs come from (its
+    ``config_source`` hook: tuned on this GPU, borrowed, heuristic), per direction."""
+    src = impl.hook("config_source")
+    if src is None:
+        return ""
+    try:
+        return "; ".join(f"{d}: {src(op, d, n, dtype, torch.device(device))}" for d in directions)
+    except Exception as e:  # provenance is a label: it never fails a point
+        return f"unknown ({type(e).__name__}: {e})"
+
+
 def measure_point(impl: Implementation, op, direction, set_name, shape: Shape, dtype, device, timer, seed=0, weights="same") -> Point:
     p = Point(impl.name, impl.dsl, impl.external, op, direction, set_name, shape.label, shape.m, shape.n, dtype, weights)
     # fp32 parameters (the offset variant's weight is folded to fp32; its bias, kept in x's dtype,
@@ -394,6 +407,7 @@ def measure_point(impl: Implementation, op, direction, set_name, shape: Shape, d
                 p.check = f"{d}: {r.summary()}"
                 return p
         p.check = "pass"
+        p.config = config_source(impl, op, checks, shape.n, dtype, device)
         trials, used_graph = timer.time(fn, graph=set_name in GRAPH_SHAPE_SETS)
         s = summarize(trials)
         p.ms, p.ms_p95, p.trial_ms, p.spread, p.noisy = s["ms"], s["ms_p95"], s["trial_ms"], s["spread"], s["noisy"]

@@ -149,6 +149,8 @@ class Implementation:
     # Optional entry points ("module:function") the CLI calls for DSL-specific work:
     #   "tune":    tune(op, shapes, dtype, log_dir) -> dict      (`normbench tune`)
     #   "codegen": codegen(op, direction, n, dtype) -> str       (`normbench codegen`)
+    #   "config_source": source(op, direction, n, dtype, device) -> str  (recorded per benchmark
+    #              point: "tuned", "borrowed from <GPU> (sm_90)", "heuristic", ...)
     hooks: dict = field(default_factory=dict, hash=False, compare=False)
     meta: dict = field(default_factory=dict, hash=False, compare=False)
 

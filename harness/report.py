@@ -13,7 +13,7 @@ from .bench import load_results, read_meta
 
 CSV_FIELDS = (
     "impl", "dsl", "external", "op", "direction", "shape_set", "shape", "M", "N", "dtype", "weights", "status", "check",
-    "reason", "compile_s", "ms", "ms_p95", "spread", "noisy", "graph", "bytes_main", "bytes_extra", "tbps", "frac_roofline",
+    "reason", "compile_s", "ms", "ms_p95", "spread", "noisy", "graph", "bytes_main", "bytes_extra", "tbps", "frac_roofline", "config",
 )  # fmt: skip
 README_START, README_END = "<!-- leaderboard:start -->", "<!-- leaderboard:end -->"
 
@@ -86,7 +86,28 @@ def markdown(meta: dict, rows: list[dict], rel_plots: str | None = "") -> str:
             lines.append("")
     lines += _dsl_section(rows)
     lines += _llm_section(rows)
+    lines += _config_section(rows)
     return "\n".join(lines) + "\n"
+
+
+def _config_section(rows) -> list[str]:
+    """Which points ran on configs tuned on this GPU, borrowed from another, or from a heuristic
+    (implementations that pin launch configs per GPU record it; points written before they did
+    say nothing)."""
+    counts: dict[tuple[str, str], int] = {}
+    for r in rows:
+        if r.get("status") != "ok" or not r.get("config"):
+            continue
+        for part in str(r["config"]).split("; "):
+            how = part.split(": ", 1)[-1]
+            counts[(r["impl"], how)] = counts.get((r["impl"], how), 0) + 1
+    if not counts:
+        return []
+    out = ["## Where the launch configs came from", "",
+           "Implementations that pin launch configs per GPU record, per point and direction, whether the config was tuned on this GPU, borrowed from a tuned GPU of the same compute capability, or a heuristic's (`harness/tuned.py`).", "",
+           "| implementation | configs | points × directions |", "|---|---|---:|"]  # fmt: skip
+    out += [f"| {impl} | {how} | {n} |" for (impl, how), n in sorted(counts.items())]
+    return out + [""]
 
 
 def _llm_section(rows) -> list[str]:

@@ -18,6 +18,6 @@ IMPLEMENTATIONS = [
         # setting HELION_INTERPRET=1 before the import is harmless.
         interpreter="HELION_INTERPRET",
         sources=("impls/helion/rmsnorm.py", "impls/helion/layernorm.py", "impls/helion/configs.py", "impls/helion/imports.py"),
-        hooks={"tune": "impls.helion.tune:tune", "codegen": "impls.helion.codegen:codegen"},
+        hooks={"tune": "impls.helion.tune:tune", "codegen": "impls.helion.codegen:codegen", "config_source": "impls.helion.configs:source"},
     )
 ]

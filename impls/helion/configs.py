@@ -6,7 +6,9 @@ every call goes through ``launch()``, which binds the kernel to its arguments an
 
 Where the config comes from (``pinned()``):
 
-1. ``configs.json``, written by ``normbench tune --impl helion`` on a GPU machine (``tune.py``):
+1. ``configs.json``, written by ``normbench tune --impl helion`` on a GPU machine (``tune.py``;
+   a GPU without a table of its own reads that of a tuned GPU of the same compute capability,
+   ``harness.tuned``):
    GPU name (``torch.cuda.get_device_name``) -> entry point ("rmsnorm_bwd") -> dtype -> N bucket ->
    ``{"kernel": which kernel of the entry point, "config": helion.Config fields}`` (plus
    ``"first_pass"``, the config of the split backward's first kernel). The N bucket of a row length
@@ -50,6 +52,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
+
+from harness.tuned import capability_of, table_for
 
 from .imports import Config, Kernel, RefMode
 from .imports import kernel as helion_kernel
@@ -147,21 +151,25 @@ def bucket(n: int, tuned: list[int]) -> int | None:
     return min(above) if above else None
 
 
-def pinned(entry: str, n: int, dtype: str, gpu: str) -> Pinned:
-    """The config ``entry`` (e.g. "rmsnorm_bwd") runs with for rows of length n on ``gpu``."""
-    by_dtype = table().get(gpu, {}).get(entry, {})
+def pinned(entry: str, n: int, dtype: str, gpu: str, capability=None) -> Pinned:
+    """The config ``entry`` (e.g. "rmsnorm_bwd") runs with for rows of length n on ``gpu``: from the
+    table ``harness.tuned`` picks (this GPU's, else one of a GPU of the same compute capability),
+    else the default."""
+    table_gpu, how = table_for(gpu, table(), capability)
+    by_dtype = table().get(table_gpu, {}).get(entry, {}) if table_gpu else {}
+    borrowed = "" if how == "tuned" else f", {how}"
     for candidate in (dtype, SAME_SIZE.get(dtype), *sorted(by_dtype)):
         same_bytes_n = max(1, n * ITEMSIZE[dtype] // ITEMSIZE.get(candidate, ITEMSIZE[dtype]))
         b = bucket(same_bytes_n, [int(k) for k in by_dtype.get(candidate or "", {})])
         if b is not None:
             hit = by_dtype[candidate][str(b)]
             if candidate in (dtype, SAME_SIZE.get(dtype)):
-                return Pinned.from_entry(hit, "tuned")
+                return Pinned.from_entry(hit, "tuned" + borrowed)
             _warn_once(
                 (entry, gpu, dtype, b),
-                f"helion {entry}: no {dtype} config tuned for {gpu} at N={n}; using the {candidate} one of rows of the same bytes (N bucket {b})",
+                f"helion {entry}: no {dtype} config tuned for {table_gpu} at N={n}; using the {candidate} one of rows of the same bytes (N bucket {b})",
             )
-            return Pinned.from_entry(hit, f"tuned for {candidate}")
+            return Pinned.from_entry(hit, f"tuned for {candidate}{borrowed}")
     fallback = default_config(entry, n)
     _warn_once(
         (entry, gpu, dtype, n),
@@ -201,7 +209,7 @@ def choose(entry: str, x: torch.Tensor) -> Pinned:
             choice = _CHOICE[key] = default_config(entry, x.shape[1])
         else:
             gpu = torch.cuda.get_device_name(x.device)
-            choice = _CHOICE[key] = pinned(entry, x.shape[1], DTYPE_NAMES[x.dtype], gpu)
+            choice = _CHOICE[key] = pinned(entry, x.shape[1], DTYPE_NAMES[x.dtype], gpu, capability_of(x.device))
     if x.device.type != "cuda" or not FEW_ROWS_RULE or not choice.kernel.endswith("_bwd_resident"):
         return choice
     few_key = (*key, x.shape[0])
@@ -210,6 +218,14 @@ def choose(entry: str, x: torch.Tensor) -> Pinned:
             _SMS[x.device] = torch.cuda.get_device_properties(x.device).multi_processor_count
         _FEW_ROWS[few_key] = for_rows(choice, x.shape[0], _SMS[x.device])
     return _FEW_ROWS[few_key]
+
+
+def source(op: str, direction: str, n: int, dtype: str, device) -> str:
+    """Where the config of one launch comes from (the benchmark records it per point)."""
+    if getattr(device, "type", device) != "cuda":
+        return "interpreter"
+    entry = f"{'rmsnorm' if op == 'add_rmsnorm' else op}_{direction}"
+    return pinned(entry, n, dtype, torch.cuda.get_device_name(device), capability_of(device)).source
 
 
 def _arg_key(a):

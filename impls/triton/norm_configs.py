@@ -33,9 +33,10 @@ Where a config comes from, in order:
    tensors (``triton.testing.do_bench``, median) the first time a (GPU, op, direction, bucket, dtype)
    is seen in this process; the winner is cached for the rest of the process.
 2. ``norm_configs.json``: the winners measured per GPU (bf16, the sweep shapes), by the name
-   ``torch.cuda.get_device_name`` reports. Only the H200 is measured so far.
-3. ``heuristic()``: for any other GPU, the H100 included (and ``interpreter_config()`` for the CPU
-   interpreter).
+   ``torch.cuda.get_device_name`` reports; a GPU without a table of its own reads that of a tuned
+   GPU of the same compute capability (``harness.tuned``: an H100 reads the H200's).
+3. ``heuristic()``: for a GPU of an architecture with no table (and ``interpreter_config()`` for
+   the CPU interpreter).
 
 The bucket is ``next_pow2(N)``: it is the register tile width, so every N in a bucket compiles to
 the same kernel. A table may also hold an exact N (a sweep point whose own best beat its bucket's
@@ -56,6 +57,8 @@ import os
 from dataclasses import asdict, dataclass, replace
 
 import torch
+
+from harness.tuned import capability_of, table_for
 
 CONFIG_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "norm_configs.json")
 AUTOTUNE_ENV = "NORMBENCH_TRITON_AUTOTUNE"
@@ -239,13 +242,29 @@ def choose(op: str, direction: str, n: int, device: torch.device, launch=None, d
         return _SEARCHED[key]
     if device.type != "cuda":
         return interpreter_config(direction, n)
-    return lookup(gpu, op, direction, n)
+    return lookup(gpu, op, direction, n, capability_of(device))
 
 
-def lookup(gpu: str, op: str, direction: str, n: int) -> Config:
-    """The pinned config for this GPU and N bucket, else the heuristic's (adapted for an op that
-    borrows another's configs)."""
-    found = pinned(gpu, op, direction, n)
+def resolve(gpu: str, op: str, direction: str, n: int, capability=None) -> tuple[Config, str]:
+    """The config and where it comes from: the table ``harness.tuned`` picks for this GPU (its own,
+    or one of a GPU of the same compute capability) at N, else the heuristic (adapted for an op
+    that borrows another's configs)."""
+    table_gpu, how = table_for(gpu, pinned_table(), capability)
+    found = pinned(table_gpu, op, direction, n) if table_gpu else None
     if found:
-        return found
-    return BORROWS[op][1](heuristic(direction, n), direction) if op in BORROWS else heuristic(direction, n)
+        return found, how
+    cfg = BORROWS[op][1](heuristic(direction, n), direction) if op in BORROWS else heuristic(direction, n)
+    return cfg, how if table_gpu is None else f"heuristic (no entry for N={n} in the table of {table_gpu})"
+
+
+def lookup(gpu: str, op: str, direction: str, n: int, capability=None) -> Config:
+    return resolve(gpu, op, direction, n, capability)[0]
+
+
+def source(op: str, direction: str, n: int, dtype: str, device) -> str:
+    """Where the config of one launch comes from (the benchmark records it per point)."""
+    if device.type != "cuda":
+        return "interpreter"
+    if os.environ.get(AUTOTUNE_ENV, "0") == "1":
+        return f"searched on first use ({AUTOTUNE_ENV}=1)"
+    return resolve(device_name(device), op, direction, n, capability_of(device))[1]
