@@ -16,6 +16,7 @@ when complete, so a failure never leaves a half-written sample. The sample is th
 fresh Python process (a generated kernel may crash or hang; a new process also sidesteps the
 registry's cached discovery and each DSL's import-time interpreter switch): fwd and bwd on the
 smoke shapes in bf16, on the GPU if there is one, else on the CPU through the DSL's interpreter.
+A CuTe DSL or Gluon sample has no CPU path: without a GPU it is stored and reported as not checked.
 
 Other modes, for kernels produced outside this command and for human fixes:
 
@@ -389,7 +390,7 @@ def _check_worker(sample_dir: str, device: str | None, shapes: str, dtypes: str)
         variant = impl.meta["variant"]
         why = impl.unavailable(device)
         if why:
-            verdicts.append(Verdict(impl.name, variant, "skip", f"on {device}: {why}"))
+            verdicts.append(Verdict(impl.name, variant, "skip", f"cannot be checked here (on {device}): {why}"))
             continue
         try:  # a module that does not import is the first thing to report, once
             impl.kernels(device)

@@ -12,6 +12,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
+import torch
 
 from harness import cli
 from harness.generate import chat_completions_url, extract_code_block, main, store_sample
@@ -290,6 +291,24 @@ def test_store_completion_and_add_fix_from_the_command_line(tmp_path, capsys):
         {"patch": "patches/01-dtype.patch", "reason": "dtype: y returned as fp32"}
     ]
     assert (folder / "patches" / "01-dtype.patch").read_text().startswith("# dtype: y returned as fp32\n--- a/raw.py\n")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU machine the sample is checked")
+def test_gluon_sample_cannot_be_checked_without_a_gpu(tmp_path, capsys):
+    """A Gluon sample (here of the fused add + RMSNorm, an op name holding an underscore) has no CPU
+    path: without a GPU it is stored and reported as not checked, and that is not a failure."""
+    out = tmp_path / "llm"
+    answer = tmp_path / "answer.md"
+    code = "import torch\n\n\ndef add_rmsnorm_fwd(x, residual, weight, eps):\n    raise RuntimeError\n"
+    answer.write_text(fenced(code))
+    prompt = REPO / "prompts" / "gluon-add_rmsnorm.v1.md"
+    rc = main(["--store-completion", str(answer), "--prompt", str(prompt), "--model", "m", "--out-root", str(out)])
+    printed = capsys.readouterr().out
+    assert rc == 0, printed
+    (name,) = entries(out)
+    assert name.startswith("gluon-add_rmsnorm-m-") and name.endswith("-1")
+    (line,) = [ln for ln in printed.splitlines() if ln.startswith(name)]
+    assert "NOT CHECKED" in line and "cannot be checked here" in line and "cuda" in line, line
 
 
 def test_a_failure_while_writing_leaves_nothing(tmp_path, monkeypatch):

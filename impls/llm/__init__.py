@@ -26,9 +26,16 @@ DSL_RECORD = {
     "triton": dict(devices=("cpu", "cuda"), requires=(package("triton"),), interpreter="TRITON_INTERPRET"),
     "helion": dict(devices=("cpu", "cuda"), requires=(package("helion"),), interpreter="HELION_INTERPRET"),
     "cute": dict(devices=("cuda",), requires=(cuda(), capability(9, 0), package("cutlass"))),
+    # Gluon kernels do not run in Triton's interpreter: GPU only, built for sm_90a. cuda() comes
+    # before the packages because looking for triton.experimental.gluon imports triton, which on a
+    # machine without a GPU must wait until Triton's interpreter is switched on.
+    "gluon": dict(
+        devices=("cuda",),
+        requires=(cuda(), capability(9, 0), package("triton"), package("triton.experimental.gluon")),
+    ),
 }
-DSL_TITLE = {"triton": "Triton", "helion": "Helion", "cute": "CuTe DSL"}
-OP_TITLE = {"rmsnorm": "RMSNorm", "layernorm": "LayerNorm"}
+DSL_TITLE = {"triton": "Triton", "helion": "Helion", "cute": "CuTe DSL", "gluon": "Gluon"}
+OP_TITLE = {"rmsnorm": "RMSNorm", "layernorm": "LayerNorm", "add_rmsnorm": "fused add + RMSNorm"}
 
 SAMPLE_ERRORS: dict[str, str] = {}  # sample folder -> why it was not registered
 

@@ -28,8 +28,8 @@ from pathlib import Path
 from .patches import apply_patch
 
 FORMAT = 1  # metadata.json format version
-DSLS = ("triton", "helion", "cute")
-OPS = ("rmsnorm", "layernorm")
+DSLS = ("triton", "helion", "cute", "gluon")
+OPS = ("rmsnorm", "layernorm", "add_rmsnorm")
 VARIANTS = ("first-shot", "after-fix")
 REPO_ROOT = Path(__file__).resolve().parent.parent.parent  # the folder holding impls/ and prompts/
 SAMPLES_ROOT = Path(__file__).resolve().parent  # the default home of samples: impls/llm/
@@ -66,7 +66,8 @@ def resolve_repo_path(stored: str) -> Path:
     return p if p.is_absolute() else REPO_ROOT / p
 
 
-PROMPT_NAME = re.compile(r"^(?P<dsl>[a-z]+)-(?P<op>[a-z]+)\.v(?P<version>\d+)\.md$")
+# the dash separates dsl from op, and an op name may hold underscores (add_rmsnorm)
+PROMPT_NAME = re.compile(r"^(?P<dsl>[a-z]+)-(?P<op>[a-z][a-z_]*)\.v(?P<version>\d+)\.md$")
 
 
 def parse_prompt_name(path: Path | str) -> tuple[str, str]:
