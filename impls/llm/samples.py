@@ -5,7 +5,9 @@ A sample is a folder ``impls/llm/<sample_id>/``::
     raw.py            the code block of the model's first answer, verbatim: never edited
     completion.md     the whole answer, verbatim (prose and all), when it was recorded
     metadata.json     provenance: prompt file and its sha256, generator, sampling, date, attempts,
-                      fixes (each {"patch": "patches/NN-slug.patch", "reason": "one line"})
+                      fixes (each {"patch": "patches/NN-slug.patch", "reason": "one line"}),
+                      and optionally known_failures ({op: why}: a failure of the verbatim code
+                      found and explained later, which the tests then expect)
     patches/NN-<slug>.patch   unified diffs, each against the version the fixes before it left
 
 Two variants of a sample can be loaded: "first-shot" (raw.py as it is) and "after-fix" (raw.py with
