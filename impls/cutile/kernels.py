@@ -48,9 +48,10 @@ Design decisions:
   0 (RMSNorm) or the bias (LayerNorm). ``_rstd`` turns an infinite sum into a NaN rstd, which
   reaches y and, through the saved rstd, dx (torch's LayerNorm returns NaN there too).
 * eps is a runtime fp32 argument (a Python float), M and N are read from the arrays' shapes
-  inside the kernels: a kernel is compiled once per dtype, flag set and tile shape, not per
-  shape or eps. cuTile indexes arrays with int32 shapes and strides: an x spanning 2^31 elements
-  or more (rows x row stride) is refused with a ValueError rather than launched.
+  inside the kernels: a kernel is compiled per dtype, flag set, tile shape and the alignment of
+  its arrays (which cuTile's dispatcher specialises on), not per M, N or eps. cuTile indexes
+  arrays with int32 shapes and strides: an x spanning 2^31 elements or more (rows x row
+  stride) is refused with a ValueError rather than launched.
 
 Without a GPU: cuTile has no CPU interpreter, but ``tileiras`` compiles without one. The tests
 compile every kernel for sm_90 (``compile_only``: the host code below builds the same launches and
@@ -330,10 +331,10 @@ def _pow2_divisor(value: int, cap: int = 16) -> int:
 
 
 def _signature(args: tuple):
-    """The kernel signature a launch with these arguments compiles for: arrays with their dtype,
-    rank, unit strides as constants and the alignment of their base, strides and shapes (what
-    cuTile's own dispatcher assumes from a launch's arguments); floats as fp32 runtime scalars;
-    ints and bools as compile-time constants."""
+    """A kernel signature for a launch with these arguments: arrays with their dtype, rank, unit
+    strides as constants and the alignment of their base, strides and shapes (the kinds of
+    assumption cuTile's dispatcher derives from a launch's arguments); floats as fp32 runtime
+    scalars (as the dispatcher passes a Python float); ints and bools as compile-time constants."""
     from cuda.tile.compilation import ArrayConstraint, CallingConvention, KernelSignature, ScalarConstraint
 
     params = []
