@@ -1,0 +1,487 @@
+"""RMSNorm, LayerNorm and add + RMSNorm, forward and backward, hand-written in cuTile Python
+(``cuda.tile``: NVIDIA's tile-based kernels, compiled from Tile IR by ``tileiras``).
+
+Per row of N elements, all arithmetic in fp32 (x, dy, w, b are upcast right after loading):
+
+    RMSNorm     rstd = 1 / sqrt(mean(x^2) + eps)                            xhat = x * rstd
+    LayerNorm   mean = mean(x),  rstd = 1 / sqrt(mean((x - mean)^2) + eps)  xhat = (x - mean) * rstd
+    add+RMSNorm h = round_x_dtype(x + residual)  (stored: residual_out),     xhat = h * rstd(h)
+    forward     y = xhat * w (+ b)
+    backward    g = dy * w,  c1 = mean(g * xhat),  c2 = mean(g) (LayerNorm; 0 for RMSNorm)
+                dx = rstd * (g - xhat * c1 - c2)  (+ dresidual_out for add+RMSNorm: dh)
+                dw = sum over rows of dy * xhat,   db = sum over rows of dy
+
+One set of kernels serves the three ops through compile-time flags (``ct.Constant`` parameters
+``LAYERNORM``, ``HAS_RESIDUAL``, ``HAS_DRESIDUAL``): add + RMSNorm is RMSNorm whose row loader also
+reads the residual and stores the sum, and whose backward adds dresidual_out before dx's rounding.
+
+Design decisions:
+
+* Tiles, not threads: a kernel loads ``[rows, width]`` tiles of the 2-D arrays by tile index
+  (``ct.load(X, (block, chunk), shape)``) and the compiler spreads them over its threads. Arrays
+  carry their shape and strides, so a column slice (row stride > N) is passed as the view it is
+  and indexed through its stride: nothing is copied.
+* Tile dimensions must be powers of two, N need not be: loads use ``PaddingMode.ZERO``, so the
+  columns past N (and the rows past M in the last row block) read as 0 and add nothing to a sum,
+  stores drop them, and where a padded 0 would not stay 0 (x - mean in LayerNorm) a column mask
+  (``ct.arange`` < N) zeroes it. The tile shapes come from ``plan.py``.
+* Rows wider than one tile (N up to 262144): the forward walks the row in chunks twice,
+  statistics then y, the second pass last chunk first so that it starts on what the first pass
+  read last (still in L2). LayerNorm's chunked statistics merge per-chunk (mean, sum of squared
+  deviations) pairs (Chan et al.), never E[x^2] - E[x]^2. add + RMSNorm's second pass adds x and
+  the residual again (the same rounding, the same h) instead of reading back the h its own program
+  stored: no kernel here reads what it wrote. The backward cuts such rows into column slices, one
+  program each, whose row reductions c1, c2 come from ``_bwd_row_sums_kernel``'s per-(row, slice)
+  sums, added in slice order by every program that needs them (deterministic).
+* dweight / dbias without atomics: the backward is persistent, a grid of a few programs per SM
+  (per column slice), each walking a contiguous range of row blocks and accumulating dw / db
+  in fp32 tiles; each writes one partial row, and ``_sum_partials_kernel`` adds the partials in a
+  fixed order and rounds once to the weight's dtype. The same inputs on the same GPU give the
+  same bits.
+* Weights and biases are loaded in their own dtype (x's, or fp32 for mixed precision) and
+  upcast; dw and db are accumulated in fp32 and rounded once, to the weight's dtype.
+* The sum of add + RMSNorm is rounded to x's dtype before the statistics: the unfused model
+  stores h in x's dtype and normalises what it stored, so y must equal rmsnorm(residual_out) as
+  stored, and the backward (which only sees the stored h) must match the forward's statistics.
+* Statistics that overflow give NaN, never a finite wrong value: with |x| near 1e30 in bf16,
+  x^2 overflows fp32 and the sum of squares is inf, so rsqrt gives 0 and y would silently become
+  0 (RMSNorm) or the bias (LayerNorm). ``_rstd`` turns an infinite sum into a NaN rstd, which
+  reaches y and, through the saved rstd, dx (torch's LayerNorm returns NaN there too).
+* eps is a runtime fp32 argument (a Python float), M and N are read from the arrays' shapes
+  inside the kernels: a kernel is compiled per dtype, flag set, tile shape and the alignment of
+  its arrays (which cuTile's dispatcher specialises on), not per M, N or eps. cuTile indexes
+  arrays with int32 shapes and strides: an x spanning 2^31 elements or more (rows x row
+  stride) is refused with a ValueError rather than launched.
+
+Without a GPU: cuTile has no CPU interpreter, but ``tileiras`` compiles without one. The tests
+compile every kernel for sm_90 (``compile_only``: the host code below builds the same launches and
+``cuda.tile.compilation.export_kernel`` turns each into a cubin) on every row regime and dtype.
+"""
+
+from __future__ import annotations
+
+import functools
+import io
+import math
+
+import cuda.tile as ct
+import torch
+
+from .plan import Plan, backward_groups, next_pow2, plan
+
+ConstBool = ct.Constant[bool]
+ConstInt = ct.Constant[int]
+ZERO = ct.PaddingMode.ZERO
+
+
+# ========================================================================== device functions
+def _load_row(X, R, H, block, chunk, ROWS, BLOCK_N, HAS_RESIDUAL):
+    """The [ROWS, BLOCK_N] tile to normalise, as fp32: x, or h = x + residual rounded to x's
+    dtype and stored."""
+    x = ct.load(X, index=(block, chunk), shape=(ROWS, BLOCK_N), padding_mode=ZERO)
+    if HAS_RESIDUAL:
+        r = ct.load(R, index=(block, chunk), shape=(ROWS, BLOCK_N), padding_mode=ZERO)
+        x = ct.astype(ct.astype(x, ct.float32) + ct.astype(r, ct.float32), X.dtype)
+        ct.store(H, index=(block, chunk), tile=x)
+    return ct.astype(x, ct.float32)
+
+
+def _rstd(sum_sq, n, eps):
+    """1 / sqrt(sum_sq / n + eps); NaN where the sum of squares overflowed (see the docstring)."""
+    return ct.where(sum_sq == math.inf, math.nan, ct.rsqrt(sum_sq / n + eps))
+
+
+def _param(P, chunk, BLOCK_N):
+    """Columns [chunk * BLOCK_N, +BLOCK_N) of a (N,) parameter, fp32, 0 past N."""
+    return ct.astype(ct.load(P, index=(chunk,), shape=(BLOCK_N,), padding_mode=ZERO), ct.float32)
+
+
+def _affine(y, W, B, chunk, BLOCK_N, HAS_WEIGHT, HAS_BIAS):
+    if HAS_WEIGHT:
+        y = y * _param(W, chunk, BLOCK_N)
+    if HAS_BIAS:
+        y = y + _param(B, chunk, BLOCK_N)
+    return y
+
+
+def _column_mask(chunk, BLOCK_N, n):
+    return chunk * BLOCK_N + ct.arange(BLOCK_N, dtype=ct.int32) < n
+
+
+def _row_stat(S, block, ROWS):
+    """A (M,) fp32 statistic for the block's rows, as a [ROWS, 1] column (0 past M)."""
+    return ct.reshape(ct.load(S, index=(block,), shape=(ROWS,), padding_mode=ZERO), (ROWS, 1))
+
+
+# ==================================================================================== forward
+@ct.kernel
+def _fwd_kernel(
+    X, R, W, B, Y, H, MEAN, RSTD, eps,
+    LAYERNORM: ConstBool, HAS_WEIGHT: ConstBool, HAS_BIAS: ConstBool, HAS_RESIDUAL: ConstBool,
+    ROWS: ConstInt, BLOCK_N: ConstInt, CHUNKED: ConstBool,
+):  # fmt: skip
+    """One block of ROWS rows per program: the whole row in one tile (BLOCK_N >= N), or, with
+    CHUNKED, walked twice in chunks of BLOCK_N columns."""
+    block = ct.bid(0)
+    n = X.shape[1]
+    if not CHUNKED:
+        x = _load_row(X, R, H, block, 0, ROWS, BLOCK_N, HAS_RESIDUAL)
+        if LAYERNORM:
+            mean = ct.sum(x, axis=1, keepdims=True) / n
+            # centre in registers before squaring (two-pass variance): E[x^2] - E[x]^2 cancels badly
+            x = ct.where(_column_mask(0, BLOCK_N, n), x - mean, 0.0)
+            ct.store(MEAN, index=(block,), tile=ct.reshape(mean, (ROWS,)))
+        rstd = _rstd(ct.sum(x * x, axis=1, keepdims=True), n, eps)
+        ct.store(RSTD, index=(block,), tile=ct.reshape(rstd, (ROWS,)))
+        y = _affine(x * rstd, W, B, 0, BLOCK_N, HAS_WEIGHT, HAS_BIAS)
+        ct.store(Y, index=(block, 0), tile=ct.astype(y, Y.dtype))
+    else:
+        n_chunks = ct.cdiv(n, BLOCK_N)
+        # pass 1: the statistics (and h, stored, for add + RMSNorm)
+        mean = ct.zeros((ROWS, 1), dtype=ct.float32)
+        m2 = ct.zeros((ROWS, 1), dtype=ct.float32)
+        sum_sq = ct.zeros((ROWS, BLOCK_N), dtype=ct.float32)
+        for c in range(n_chunks):
+            x = _load_row(X, R, H, block, c, ROWS, BLOCK_N, HAS_RESIDUAL)
+            if LAYERNORM:
+                seen = ct.astype(c * BLOCK_N, ct.float32)
+                count = ct.astype(ct.minimum(n - c * BLOCK_N, BLOCK_N), ct.float32)
+                chunk_mean = ct.sum(x, axis=1, keepdims=True) / count
+                dev = ct.where(_column_mask(c, BLOCK_N, n), x - chunk_mean, 0.0)
+                delta = chunk_mean - mean
+                total = seen + count
+                mean = mean + delta * (count / total)
+                m2 = m2 + ct.sum(dev * dev, axis=1, keepdims=True) + delta * delta * (seen * count / total)
+            else:
+                sum_sq = sum_sq + x * x
+        if LAYERNORM:
+            rstd = _rstd(m2, n, eps)
+            ct.store(MEAN, index=(block,), tile=ct.reshape(mean, (ROWS,)))
+        else:
+            rstd = _rstd(ct.sum(sum_sq, axis=1, keepdims=True), n, eps)
+        ct.store(RSTD, index=(block,), tile=ct.reshape(rstd, (ROWS,)))
+
+        # pass 2, last chunk first (still in L2): y, from x (and h again from x and the residual)
+        for i in range(n_chunks):
+            c = n_chunks - 1 - i
+            x = _load_row(X, R, H, block, c, ROWS, BLOCK_N, False)
+            if HAS_RESIDUAL:
+                r = ct.load(R, index=(block, c), shape=(ROWS, BLOCK_N), padding_mode=ZERO)
+                x = ct.astype(ct.astype(x + ct.astype(r, ct.float32), X.dtype), ct.float32)
+            if LAYERNORM:
+                x = x - mean
+            y = _affine(x * rstd, W, B, c, BLOCK_N, HAS_WEIGHT, HAS_BIAS)
+            ct.store(Y, index=(block, c), tile=ct.astype(y, Y.dtype))
+
+
+# =================================================================================== backward
+def _bwd_terms(DY, X, W, MEAN, block, me, n, ROWS, BLOCK_N, LAYERNORM, HAS_WEIGHT):
+    """(x - mean or x, dy, g = dy * w) in fp32 for the block's rows and slice ``me``; 0 past M
+    and past N."""
+    x = ct.astype(ct.load(X, index=(block, me), shape=(ROWS, BLOCK_N), padding_mode=ZERO), ct.float32)
+    dy = ct.astype(ct.load(DY, index=(block, me), shape=(ROWS, BLOCK_N), padding_mode=ZERO), ct.float32)
+    if LAYERNORM:
+        x = ct.where(_column_mask(me, BLOCK_N, n), x - _row_stat(MEAN, block, ROWS), 0.0)
+    g = dy
+    if HAS_WEIGHT:
+        g = dy * _param(W, me, BLOCK_N)
+    return x, dy, g
+
+
+@ct.kernel
+def _bwd_row_sums_kernel(
+    DY, X, W, MEAN, ROW_SUMS,
+    LAYERNORM: ConstBool, HAS_WEIGHT: ConstBool, ROWS: ConstInt, BLOCK_N: ConstInt,
+):  # fmt: skip
+    """ROW_SUMS[0, row, s] = sum over slice s of g * (x - mean); ROW_SUMS[1, row, s] = of g."""
+    block = ct.bid(0)
+    me = ct.bid(1)
+    xc, dy, g = _bwd_terms(DY, X, W, MEAN, block, me, X.shape[1], ROWS, BLOCK_N, LAYERNORM, HAS_WEIGHT)
+    ct.store(ROW_SUMS, index=(0, block, me), tile=ct.reshape(ct.sum(g * xc, axis=1), (1, ROWS, 1)))
+    if LAYERNORM:
+        ct.store(ROW_SUMS, index=(1, block, me), tile=ct.reshape(ct.sum(g, axis=1), (1, ROWS, 1)))
+
+
+def _slice_sums(ROW_SUMS, k, block, ROWS, SLICES_P2):
+    """The slices' sums of one row quantity, added in slice order: [ROWS, 1]."""
+    sums = ct.load(ROW_SUMS, index=(k, block, 0), shape=(1, ROWS, SLICES_P2), padding_mode=ZERO)
+    return ct.sum(ct.reshape(sums, (ROWS, SLICES_P2)), axis=1, keepdims=True)
+
+
+@ct.kernel
+def _bwd_kernel(
+    DY, X, W, MEAN, RSTD, DRES, ROW_SUMS, DX, DW_PARTIAL, DB_PARTIAL,
+    LAYERNORM: ConstBool, HAS_WEIGHT: ConstBool, HAS_DRESIDUAL: ConstBool,
+    ROWS: ConstInt, BLOCK_N: ConstInt, SLICES: ConstInt, SLICES_P2: ConstInt,
+):  # fmt: skip
+    """Program (group, slice) owns columns [slice * BLOCK_N, +BLOCK_N) of its group's row blocks
+    (SLICES = 1: the whole row, whose reductions it computes itself)."""
+    group = ct.bid(0)
+    me = ct.bid(1)
+    groups = ct.num_blocks(0)
+    n = X.shape[1]
+    # a contiguous range of row blocks per group, sizes differing by at most one, so that no
+    # program idles while another finishes a double share
+    n_blocks = ct.cdiv(X.shape[0], ROWS)
+    share = n_blocks // groups
+    extra = n_blocks % groups
+    first = group * share + ct.minimum(group, extra)
+    count = share + ct.astype(group < extra, ct.int32)
+    dw = ct.zeros((1, BLOCK_N), dtype=ct.float32)
+    db = ct.zeros((1, BLOCK_N), dtype=ct.float32)
+    for i in range(count):
+        block = first + i
+        xc, dy, g = _bwd_terms(DY, X, W, MEAN, block, me, n, ROWS, BLOCK_N, LAYERNORM, HAS_WEIGHT)
+        rstd = _row_stat(RSTD, block, ROWS)
+        if SLICES == 1:
+            sum_gxc = ct.sum(g * xc, axis=1, keepdims=True)
+        else:
+            sum_gxc = _slice_sums(ROW_SUMS, 0, block, ROWS, SLICES_P2)
+        xhat = xc * rstd
+        dx = g - xhat * (sum_gxc * rstd / n)
+        if LAYERNORM:
+            if SLICES == 1:
+                sum_g = ct.sum(g, axis=1, keepdims=True)
+            else:
+                sum_g = _slice_sums(ROW_SUMS, 1, block, ROWS, SLICES_P2)
+            dx = dx - sum_g / n
+            db = db + ct.sum(dy, axis=0, keepdims=True)
+        dx = dx * rstd
+        if HAS_DRESIDUAL:
+            dres = ct.load(DRES, index=(block, me), shape=(ROWS, BLOCK_N), padding_mode=ZERO)
+            dx = dx + ct.astype(dres, ct.float32)
+        if HAS_WEIGHT:
+            dw = dw + ct.sum(dy * xhat, axis=0, keepdims=True)
+        ct.store(DX, index=(block, me), tile=ct.astype(dx, DX.dtype))
+    if HAS_WEIGHT:
+        ct.store(DW_PARTIAL, index=(group, me), tile=dw)
+    if LAYERNORM:
+        ct.store(DB_PARTIAL, index=(group, me), tile=db)
+
+
+@ct.kernel
+def _sum_partials_kernel(PARTIALS, OUT, BLOCK_P: ConstInt, BLOCK_N: ConstInt):
+    """OUT[k, :] = sum over p of PARTIALS[k, p, :] in fp32, always in the same order, rounded
+    once to OUT's dtype (the weight's)."""
+    chunk = ct.bid(0)
+    k = ct.bid(1)
+    acc = ct.zeros((BLOCK_P, BLOCK_N), dtype=ct.float32)
+    for p in range(ct.cdiv(PARTIALS.shape[1], BLOCK_P)):
+        part = ct.load(PARTIALS, index=(k, p, chunk), shape=(1, BLOCK_P, BLOCK_N), padding_mode=ZERO)
+        acc = acc + ct.reshape(part, (BLOCK_P, BLOCK_N))
+    total = ct.sum(acc, axis=0, keepdims=True)
+    ct.store(OUT, index=(k, chunk), tile=ct.astype(total, OUT.dtype))
+
+
+# ============================================================================ launching
+# A launch is (kernel, grid, args). On a GPU it runs on the current torch stream; in
+# ``compile_only`` mode (no GPU: the tests) it is compiled for sm_90 from the same description,
+# so the host code the GPU runs is the host code the tests exercise.
+_COMPILE_ONLY: list = []  # a stack of lists collecting (kernel name, cubin bytes)
+# Without a GPU the persistent backward's grid is sized for one SM.
+SM_COUNT_WITHOUT_GPU = 1
+# cuTile's default array indexing is int32 (shapes, strides and offsets)
+INDEX_LIMIT = 2**31
+
+_CT_DTYPES = {torch.bfloat16: ct.bfloat16, torch.float16: ct.float16, torch.float32: ct.float32}
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def sm_count(device: torch.device) -> int:
+    if device.type != "cuda":
+        return SM_COUNT_WITHOUT_GPU
+    return _sm_count(device.index if device.index is not None else torch.cuda.current_device())
+
+
+_PLACEHOLDERS: dict = {}
+
+
+def _placeholder(like: torch.Tensor, dtype: torch.dtype, ndim: int, role: str) -> torch.Tensor:
+    """A tiny array for a parameter the kernel's flags leave unread (weight=None, no residual):
+    cuTile takes arrays only, and the array arguments of a launch must not overlap, so each role
+    has its own (made once per device and dtype)."""
+    key = (like.device, dtype, ndim, role)
+    if key not in _PLACEHOLDERS:
+        _PLACEHOLDERS[key] = torch.zeros((1,) * ndim, dtype=dtype, device=like.device)
+    return _PLACEHOLDERS[key]
+
+
+def _launch(kernel, grid: tuple, args: tuple):
+    if _COMPILE_ONLY:
+        _COMPILE_ONLY[-1].append((_name(kernel), compile_kernel(kernel, args)))
+        return
+    device = next(a.device for a in args if isinstance(a, torch.Tensor))
+    ct.launch(torch.cuda.current_stream(device), grid, kernel, args)
+
+
+def _name(kernel) -> str:
+    return kernel._annotated_function.pyfunc.__name__
+
+
+def _pow2_divisor(value: int, cap: int = 16) -> int:
+    """The largest power of two <= cap dividing ``value`` (0 counts as divisible by all)."""
+    d = 1
+    while d < cap and value % (2 * d) == 0:
+        d *= 2
+    return d
+
+
+def _signature(args: tuple):
+    """A kernel signature for a launch with these arguments: arrays with their dtype, rank, unit
+    strides as constants and the alignment of their base, strides and shapes (the kinds of
+    assumption cuTile's dispatcher derives from a launch's arguments); floats as fp32 runtime
+    scalars (as the dispatcher passes a Python float); ints and bools as compile-time constants."""
+    from cuda.tile.compilation import ArrayConstraint, CallingConvention, KernelSignature, ScalarConstraint
+
+    params = []
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            elem = a.element_size()
+            params.append(
+                ArrayConstraint(
+                    _CT_DTYPES[a.dtype], a.dim(), index_dtype=ct.int32, stride_lower_bound_incl=0,
+                    alias_groups=(), may_alias_internally=False,
+                    stride_constant=tuple(1 if s == 1 else None for s in a.stride()),
+                    stride_divisible_by=tuple(_pow2_divisor(s, 16 // elem) for s in a.stride()),
+                    shape_divisible_by=tuple(_pow2_divisor(s, 16 // elem) for s in a.shape),
+                    base_addr_divisible_by=_pow2_divisor(a.data_ptr()),
+                )
+            )  # fmt: skip
+        elif isinstance(a, float):
+            params.append(ScalarConstraint(ct.float32))
+        else:
+            params.append(a)
+    return KernelSignature(params, CallingConvention.cutile_python_v2())
+
+
+def compile_kernel(kernel, args: tuple, gpu_code: str = "sm_90") -> bytes:
+    """Compile ``kernel`` for ``gpu_code`` without a GPU, specialised as a launch with these
+    arguments would be; returns the cubin."""
+    from cuda.tile.compilation import export_kernel
+
+    out = io.BytesIO()
+    export_kernel(kernel, [_signature(args)], out, gpu_code=gpu_code, output_format="cubin")
+    return out.getvalue()
+
+
+class compile_only:
+    """``with compile_only() as compiled:`` the contract functions compile their kernels for
+    sm_90 instead of launching them (their outputs stay unwritten); ``compiled`` lists
+    (kernel name, cubin) pairs."""
+
+    def __enter__(self):
+        _COMPILE_ONLY.append([])
+        return _COMPILE_ONLY[-1]
+
+    def __exit__(self, *exc):
+        _COMPILE_ONLY.pop()
+        return False
+
+
+def _check_index_range(*tensors):
+    for t in tensors:
+        if t is not None and t.dim() == 2 and (t.shape[0] - 1) * t.stride(0) + t.shape[1] >= INDEX_LIMIT:
+            raise ValueError(
+                f"cuTile kernels index arrays with int32: a ({t.shape[0]}, {t.shape[1]}) tensor with row "
+                f"stride {t.stride(0)} spans 2^31 elements or more"
+            )
+
+
+def _grid_rows(m: int, p: Plan) -> int:
+    return -(-m // p.rows)
+
+
+# ============================================================================ forward (host)
+def norm_fwd(x, residual, weight, bias, eps, layernorm: bool):
+    """(y, h or None, mean or None, rstd)."""
+    M, N = x.shape
+    _check_index_range(x, residual)
+    p = plan("fwd", M, N)
+    y = torch.empty((M, N), dtype=x.dtype, device=x.device)
+    h = torch.empty((M, N), dtype=x.dtype, device=x.device) if residual is not None else None
+    rstd = torch.empty(M, dtype=torch.float32, device=x.device)
+    mean = torch.empty(M, dtype=torch.float32, device=x.device) if layernorm else None
+    args = (
+        x, residual if residual is not None else _placeholder(x, x.dtype, 2, "residual"),
+        weight if weight is not None else _placeholder(x, x.dtype, 1, "weight"),
+        bias if bias is not None else _placeholder(x, x.dtype, 1, "bias"),
+        y, h if h is not None else _placeholder(x, x.dtype, 2, "h"),
+        mean if mean is not None else _placeholder(x, torch.float32, 1, "mean"), rstd, float(eps),
+        layernorm, weight is not None, bias is not None, residual is not None, p.rows, p.width, p.wide,
+    )  # fmt: skip
+    _launch(_fwd_kernel, (_grid_rows(M, p), 1, 1), args)
+    return y, h, mean, rstd
+
+
+# =========================================================================== backward (host)
+def norm_bwd(dy, dres, x, weight, mean, rstd, layernorm: bool):
+    """(dx, dw or None, db or None); dw and db in the weight's dtype (x's when there is none)."""
+    M, N = x.shape
+    _check_index_range(x, dy, dres)
+    p = plan("bwd", M, N)
+    slices = p.pieces
+    has_weight = weight is not None
+    dx = torch.empty((M, N), dtype=x.dtype, device=x.device)
+    n_sums = int(has_weight) + int(layernorm)
+    groups = backward_groups(M, p, sm_count(x.device))
+    partials = torch.empty((max(n_sums, 1), groups, N), dtype=torch.float32, device=x.device)
+    w = weight if has_weight else _placeholder(x, x.dtype, 1, "weight")
+    mean = mean if mean is not None else _placeholder(x, torch.float32, 1, "mean")
+    row_sums = _placeholder(x, torch.float32, 3, "row_sums")
+    if slices > 1:
+        row_sums = torch.empty((2, M, slices), dtype=torch.float32, device=x.device)
+        _launch(
+            _bwd_row_sums_kernel, (_grid_rows(M, p), slices, 1),
+            (dy, x, w, mean, row_sums, layernorm, has_weight, p.rows, p.width),
+        )  # fmt: skip
+    dw_partial = partials[0] if has_weight else _placeholder(x, torch.float32, 2, "dw_partial")
+    db_partial = partials[n_sums - 1] if layernorm else _placeholder(x, torch.float32, 2, "db_partial")
+    args = (
+        dy, x, w, mean, rstd, dres if dres is not None else _placeholder(x, x.dtype, 2, "dres"), row_sums, dx,
+        dw_partial, db_partial, layernorm, has_weight, dres is not None, p.rows, p.width, slices, next_pow2(slices),
+    )  # fmt: skip
+    _launch(_bwd_kernel, (groups, slices, 1), args)
+    if not n_sums:
+        return dx, None, None
+    sums = torch.empty((n_sums, N), dtype=weight.dtype if has_weight else x.dtype, device=x.device)
+    # narrow column strips, so that even N = 1024 spreads over dozens of SMs
+    block_n = min(max(next_pow2(N) // 256, 16), 256)
+    block_p = min(4096 // block_n, next_pow2(groups))
+    _launch(_sum_partials_kernel, (-(-N // block_n), n_sums, 1), (partials, sums, block_p, block_n))
+    dw = sums[0] if has_weight else None
+    db = sums[n_sums - 1] if layernorm else None
+    return dx, dw, db
+
+
+# ============================================================================ the contract
+def rmsnorm_fwd(x, weight, eps):
+    y, _, _, rstd = norm_fwd(x, None, weight, None, eps, layernorm=False)
+    return y, rstd
+
+
+def rmsnorm_bwd(dy, x, weight, rstd):
+    dx, dw, _ = norm_bwd(dy, None, x, weight, None, rstd, layernorm=False)
+    return dx, dw
+
+
+def layernorm_fwd(x, weight, bias, eps):
+    y, _, mean, rstd = norm_fwd(x, None, weight, bias, eps, layernorm=True)
+    return y, mean, rstd
+
+
+def layernorm_bwd(dy, x, weight, mean, rstd):
+    return norm_bwd(dy, None, x, weight, mean, rstd, layernorm=True)
+
+
+def add_rmsnorm_fwd(x, residual, weight, eps):
+    y, h, _, rstd = norm_fwd(x, residual, weight, None, eps, layernorm=False)
+    return y, h, rstd
+
+
+def add_rmsnorm_bwd(dy, dresidual_out, residual_out, weight, rstd):
+    dh, dw, _ = norm_bwd(dy, dresidual_out, residual_out, weight, None, rstd, layernorm=False)
+    return dh, dw

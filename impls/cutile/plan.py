@@ -1,0 +1,70 @@
+"""Launch plans for the cuTile kernels: tile shapes from N, M and x's element size, no per-GPU table.
+
+cuTile programs are written per block of threads over whole tiles; the compiler (``tileiras``)
+picks the threads, vectors and layouts itself. What the host chooses is the tile shape, whose
+every dimension must be a power of two, and the grid:
+
+* ``width``: the tile's columns, ``next_pow2(N)`` while the whole row fits in one tile
+  (``FWD_ROW_MAX`` / ``BWD_ROW_MAX`` elements), else a fixed chunk (forward: the row walked in
+  chunks) or slice (backward: the row cut into column slices, one program each) of that many.
+* ``rows``: rows per tile, so that a tile holds about ``TILE_ELEMENTS`` elements whatever N is
+  (a program moves several narrow rows at once), and at most the largest power of two <= M, so
+  that a tile of few rows is not mostly padding. The grid has ``cdiv(M, rows)`` row blocks: every
+  tile starts inside the array (one wholly outside is undefined behaviour in cuTile), and the
+  last may overhang its end, padded with zeros where loaded and clipped where stored.
+* the backward's persistent grid: ``PROGRAMS_PER_SM`` programs per SM, each walking a contiguous
+  range of row blocks and keeping one fp32 partial row of dweight / dbias.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+FWD_ROW_MAX = 8192  # elements of a row held in one forward tile
+BWD_ROW_MAX = 4096  # backward: x, dy, dw and db tiles of this width live together
+FWD_CHUNK = 4096  # column chunk of the forward's wide-row path
+BWD_SLICE = 4096  # column slice of the backward's wide-row path
+TILE_ELEMENTS = 4096  # a tile of narrow rows holds about this many elements
+MAX_ROWS = 64
+PROGRAMS_PER_SM = 4
+
+
+def next_pow2(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
+
+
+@dataclass(frozen=True)
+class Plan:
+    """How one (direction, M, N) runs: a [rows, width] tile, and how many tiles cover a row."""
+
+    rows: int
+    width: int
+    pieces: int  # 1: the whole row in one tile; > 1: chunks (forward) or slices (backward)
+
+    @property
+    def wide(self) -> bool:
+        return self.pieces > 1
+
+
+def plan(direction: str, m: int, n: int) -> Plan:
+    """The tile for ``m`` rows of ``n`` elements (``m >= 1``, ``n >= 1``)."""
+    if direction not in ("fwd", "bwd"):
+        raise ValueError(f"direction must be 'fwd' or 'bwd', got {direction!r}")
+    if isinstance(m, bool) or not isinstance(m, int) or m < 1:
+        raise ValueError(f"M must be an integer >= 1, got {m!r}")
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ValueError(f"N must be an integer >= 1, got {n!r}")
+    limit, piece = (FWD_ROW_MAX, FWD_CHUNK) if direction == "fwd" else (BWD_ROW_MAX, BWD_SLICE)
+    width = next_pow2(n)
+    pieces = 1
+    if width > limit:
+        width, pieces = piece, -(-n // piece)
+    rows = min(max(TILE_ELEMENTS // width, 1), MAX_ROWS, 1 << (m.bit_length() - 1))
+    return Plan(rows, width, pieces)
+
+
+def backward_groups(m: int, p: Plan, sm_count: int) -> int:
+    """Programs of the persistent backward per column slice: enough to fill the GPU, at most one
+    per row block (so that every program owns at least one)."""
+    blocks = -(-m // p.rows)
+    return max(1, min(blocks, PROGRAMS_PER_SM * sm_count // p.pieces))

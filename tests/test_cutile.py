@@ -1,0 +1,263 @@
+"""cuTile kernels: the record and the launch plans (no cuda-tile needed), a compile for sm_90 of
+every op x direction x row regime (cuTile has no CPU interpreter; ``tileiras`` compiles without a
+GPU), and on a GPU add + RMSNorm, fp32 weights and overflowing statistics against fp64. The
+registry-driven tests (tests/test_implementations.py) run every shape set on the GPU."""
+
+import importlib.util
+
+import pytest
+import torch
+
+from harness.checker import compare, poisoned_allocations
+from harness.contract import DTYPES
+from harness.inputs import make_case
+from harness.shapes import SHAPE_SETS
+
+from .conftest import DEVICE, HAS_CUDA
+
+HAS_CUTILE = importlib.util.find_spec("cuda") is not None and importlib.util.find_spec("cuda.tile") is not None
+needs_cutile = pytest.mark.skipif(not HAS_CUTILE, reason="cuda-tile is not installed (pip install -e '.[cutile]')")
+
+# one shape per row regime, from the shared shape sets: narrow rows packed many to a tile (N = 7),
+# a mid-size odd row (1001), a row in one tile (2880), wide rows on the chunked forward / sliced
+# backward paths (20001, and the widest, 262144)
+REGIMES = {s.n: s for s in SHAPE_SETS["smoke"] + SHAPE_SETS["edge"] if s.n in (7, 1001, 2880, 20001, 262144)}
+
+
+# ------------------------------------------------------------------- the record (no cuda-tile needed)
+def test_record_imports_nothing_heavy_and_says_why_it_cannot_run():
+    import sys
+
+    from harness.registry import get
+
+    impl = get("cutile")
+    assert impl.dsl == "cutile" and set(impl.ops) == {"rmsnorm", "layernorm", "add_rmsnorm"}
+    assert "impls.cutile.kernels" not in sys.modules or HAS_CUTILE
+    assert impl.unavailable("cpu") == "runs on cuda only, not cpu"
+    why = impl.unavailable("cuda")
+    if not HAS_CUDA:
+        assert why == "needs a CUDA device and none is available here"
+    elif not HAS_CUTILE:
+        assert why == "python package 'cuda' is not installed" or why == "python package 'cuda.tile' is not installed"
+    if why:
+        with pytest.raises(ValueError, match="cannot run on cuda here"):
+            impl.kernels("cuda")
+
+
+def test_plans_cover_every_row_with_power_of_two_tiles():
+    from impls.cutile.plan import BWD_ROW_MAX, FWD_ROW_MAX, MAX_ROWS, backward_groups, next_pow2, plan
+
+    ns = sorted({s.n for shapes in SHAPE_SETS.values() for s in shapes if s.n} | {1, 2, 31, 65537})
+    for n in ns:
+        for m in (1, 3, 37, 128, 131072):
+            for direction, limit in (("fwd", FWD_ROW_MAX), ("bwd", BWD_ROW_MAX)):
+                p = plan(direction, m, n)
+                assert p.width & (p.width - 1) == 0 and p.rows & (p.rows - 1) == 0, (m, n, p)
+                assert 1 <= p.rows <= min(m, MAX_ROWS), (m, n, p)
+                assert p.pieces * p.width >= n > (p.pieces - 1) * p.width, (m, n, p)
+                assert (p.width == next_pow2(n)) == (p.pieces == 1) and p.width <= limit, (m, n, p)
+                groups = backward_groups(m, p, 132)
+                assert 1 <= groups <= -(-m // p.rows), (m, n, groups)
+
+
+def test_plan_rejects_bad_arguments():
+    from impls.cutile.plan import plan
+
+    with pytest.raises(ValueError, match="direction"):
+        plan("sideways", 4, 64)
+    with pytest.raises(ValueError, match="N must be"):
+        plan("fwd", 4, 0)
+    with pytest.raises(ValueError, match="M must be"):
+        plan("bwd", 0, 64)
+
+
+# ---------------------------------------------------------------------------- compile for sm_90
+@pytest.fixture(scope="module")
+def cutile_kernels():
+    """The kernels module, after checking that one kernel compiles here; a skip with the exact
+    reason when the toolchain (tileiras, its libNVVM and ptxas) cannot."""
+    if not HAS_CUTILE:
+        pytest.skip("cuda-tile is not installed (pip install -e '.[cutile]')")
+    from impls.cutile import kernels
+
+    x = torch.ones(1, 16, dtype=torch.float32)
+    try:
+        with kernels.compile_only() as compiled:
+            kernels.rmsnorm_fwd(x, None, 1e-5)
+    except Exception as e:  # the reason is the test's result: skip with it
+        pytest.skip(f"cuTile cannot compile for sm_90 here: {type(e).__name__}: {str(e).strip().splitlines()[0][:300]}")
+    assert compiled and compiled[0][1][:4] == b"\x7fELF"
+    return kernels
+
+
+def _inputs(shape, dtype, param_dtype):
+    """The shared case's tensors, made on the CPU (compile_only reads dtypes, strides and alignment)."""
+    case = make_case("layernorm", shape, dtype)
+    x = case["x"].reshape(-1, shape.n)
+    dy = case["dy"].reshape(-1, shape.n)
+    w, b = case["weight"].to(param_dtype), case["bias"].to(param_dtype)
+    stat = torch.ones(x.shape[0], dtype=torch.float32)
+    return x, dy, w, b, stat
+
+
+CALLS = {
+    ("rmsnorm", "fwd"): lambda k, x, dy, w, b, s: k.rmsnorm_fwd(x, w, 1e-5),
+    ("rmsnorm", "bwd"): lambda k, x, dy, w, b, s: k.rmsnorm_bwd(dy, x, w, s),
+    ("layernorm", "fwd"): lambda k, x, dy, w, b, s: k.layernorm_fwd(x, w, b, 1e-5),
+    ("layernorm", "bwd"): lambda k, x, dy, w, b, s: k.layernorm_bwd(dy, x, w, s, s),
+    ("add_rmsnorm", "fwd"): lambda k, x, dy, w, b, s: k.add_rmsnorm_fwd(x, dy, w, 1e-5),
+    ("add_rmsnorm", "bwd"): lambda k, x, dy, w, b, s: k.add_rmsnorm_bwd(dy, dy.clone(), x, w, s),
+    ("add_rmsnorm", "bwd-no-dresidual"): lambda k, x, dy, w, b, s: k.add_rmsnorm_bwd(dy, None, x, w, s),
+    ("layernorm", "bwd-no-affine"): lambda k, x, dy, w, b, s: k.layernorm_bwd(dy, x, None, s, s),
+}
+
+# bf16 x with fp32 weights at every regime; fp32 on three (narrow, mid, sliced backward); fp16
+# (the same plans as bf16) on the widest row. A compile takes 0.3-5 s on 2 CPU cores.
+COMPILES = [(n, "bf16", "fp32") for n in sorted(REGIMES)] + [(n, "fp32", "fp32") for n in (7, 2880, 20001)]
+COMPILES += [(262144, "fp16", "fp16")]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("n,dtype,param_dtype", COMPILES, ids=[f"{n}-{d}-{p}weight" for n, d, p in COMPILES])
+def test_every_kernel_compiles_for_sm90(cutile_kernels, n, dtype, param_dtype):
+    """Each op and direction compiles to an sm_90 cubin through the host code the GPU runs."""
+    from impls.cutile.plan import plan
+
+    k = cutile_kernels
+    shape = REGIMES[n]
+    x, dy, w, b, s = _inputs(shape, DTYPES[dtype], DTYPES[param_dtype])
+    for (op, direction), call in CALLS.items():
+        with k.compile_only() as compiled:
+            call(k, x, dy, w, b, s)
+        names = [name for name, _ in compiled]
+        if direction == "fwd":
+            assert names == ["_fwd_kernel"], (op, names)
+        else:
+            wide = plan("bwd", x.shape[0], n).wide
+            assert names == (["_bwd_row_sums_kernel"] if wide else []) + ["_bwd_kernel", "_sum_partials_kernel"], names
+        for name, cubin in compiled:
+            # an ELF whose e_flags name the SM: 90 in bits 8-15 (sm_90)
+            assert cubin[:4] == b"\x7fELF" and len(cubin) > 1000, (op, direction, name)
+            assert (int.from_bytes(cubin[0x30:0x34], "little") >> 8) & 0xFF == 90, (op, direction, name)
+
+
+def test_compile_only_leaves_nothing_launched(cutile_kernels):
+    """Outside ``compile_only`` a CPU tensor reaches a real launch, which fails loudly (no GPU)."""
+    k = cutile_kernels
+    x = torch.ones(2, 16)
+    with k.compile_only() as compiled:
+        k.rmsnorm_fwd(x, None, 1e-5)
+    assert len(compiled) == 1
+    with pytest.raises(Exception):
+        k.rmsnorm_fwd(x, None, 1e-5)
+
+
+@needs_cutile
+def test_rows_past_int32_indexing_are_refused():
+    from impls.cutile import kernels
+
+    # a view whose rows lie 2^31 elements apart, on the meta device: no memory behind it
+    x = torch.empty(2, 8, device="meta").as_strided((2, 8), (2**31, 1))
+    with pytest.raises(ValueError, match="int32"):
+        kernels.rmsnorm_fwd(x, None, 1e-5)
+
+
+# --------------------------------------------------------------------- against fp64, on a GPU
+@pytest.fixture(scope="module")
+def contract():
+    from harness.registry import get
+
+    impl = get("cutile")
+    why = impl.unavailable(DEVICE)
+    if why:
+        pytest.skip(f"cutile: {why}")
+    return impl.kernels(DEVICE)
+
+
+def _rms_bwd_scales(dy, h, w, rstd, dres):
+    dy64, r64 = dy.double(), rstd.reshape(-1, 1)
+    dx_terms = (dy64 * (w.double() if w is not None else 1.0) * r64).abs()
+    if dres is not None:
+        dx_terms = dx_terms + dres.double().abs()
+    return dx_terms, (dy64 * h.double() * r64).square().sum(0).sqrt()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype,param_dtype", [("bf16", "x"), ("bf16", "fp32"), ("fp16", "fp32"), ("fp32", "x")])
+def test_add_rmsnorm_against_fp64(contract, dtype, param_dtype):
+    """y, residual_out (bit for bit the rounded sum), rstd, and dh with and without
+    dresidual_out, dweight in the weight's dtype, on every shape of the smoke and edge sets."""
+    from harness import reference
+
+    k = contract
+    for shape in SHAPE_SETS["smoke"] + SHAPE_SETS["edge"]:
+        if shape.m == 0:
+            continue
+        case = make_case("rmsnorm", shape, DTYPES[dtype], DEVICE, seed=1)
+        res = make_case("rmsnorm", shape, DTYPES[dtype], DEVICE, seed=2)["x"]
+        dres = make_case("rmsnorm", shape, DTYPES[dtype], DEVICE, seed=3)["dy"]
+        x, dy, w, n = case["x"], case["dy"], case["weight"], shape.n
+        w = w if param_dtype == "x" else w.float()
+        y_ref, h_ref, rstd_ref = reference.add_rmsnorm_fwd(x, res, w, case["eps"])
+        with poisoned_allocations():
+            y, h, rstd = k.add_rmsnorm_fwd(x, res, w, case["eps"])
+        assert torch.equal(h, (x.float() + res.float()).to(x.dtype)), f"{shape.label}: residual_out"
+        reports = [
+            compare("y", y, y_ref, x.dtype, x.shape),
+            compare("rstd", rstd, rstd_ref, torch.float32, x.shape[:-1]),
+        ]
+        h_in = h_ref.to(x.dtype)
+        for d in (dres, None):
+            dh_ref, dw_ref = reference.add_rmsnorm_bwd(dy, d, h_in, w, rstd_ref)
+            with poisoned_allocations():
+                dh, dw = k.add_rmsnorm_bwd(dy, d, h_in, w, rstd_ref.float())
+            rows = lambda t: None if t is None else t.reshape(-1, n)  # noqa: E731
+            dh_scale, dw_scale = _rms_bwd_scales(rows(dy), rows(h_in), w, rstd_ref, rows(d))
+            reports += [
+                compare("dh", dh, dh_ref, x.dtype, x.shape, dh_scale.reshape(x.shape)),
+                compare("dweight", dw, dw_ref, w.dtype, w.shape, dw_scale),
+            ]
+        bad = [f"{r.name}: {r.reason}" for r in reports if not r.passed]
+        assert not bad, f"{shape.label} {dtype} weight {param_dtype}: {bad}"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n", [64, 20001])  # a row in one tile; the chunked forward and sliced backward
+@pytest.mark.parametrize("op", ["rmsnorm", "layernorm"])
+def test_overflowing_statistics_give_nan_not_a_finite_value(contract, op, n):
+    """bf16 rows near 1e30: x^2 overflows fp32. y and, through the saved rstd, dx are NaN in that
+    row; the rows beside stay finite."""
+    k = contract
+    g = torch.Generator(device=DEVICE).manual_seed(5)
+    x = torch.randn(3, n, generator=g, device=DEVICE)
+    x[1] *= 1e30
+    x = x.to(torch.bfloat16)
+    dy = torch.randn(3, n, generator=g, device=DEVICE).to(torch.bfloat16)
+    w = torch.ones(n, device=DEVICE, dtype=torch.bfloat16)
+    b = torch.full((n,), 0.5, device=DEVICE, dtype=torch.bfloat16)
+    if op == "layernorm":
+        y, mean, rstd = k.layernorm_fwd(x, w, b, 1e-5)
+        dx = k.layernorm_bwd(dy, x, w, mean, rstd)[0]
+    else:
+        y, rstd = k.rmsnorm_fwd(x, w, 1e-5)
+        dx = k.rmsnorm_bwd(dy, x, w, rstd)[0]
+    for name, t in (("y", y), ("dx", dx)):
+        assert not torch.isfinite(t[1]).any(), f"{name}: an overflowed row came back finite"
+        assert torch.isfinite(t[[0, 2]]).all(), f"{name}: a row beside the overflowed one is not finite"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("op", ["rmsnorm", "layernorm"])
+def test_backward_is_deterministic(contract, op):
+    """dweight / dbias from per-program partials added in a fixed order: the same bits twice."""
+    k = contract
+    shape = SHAPE_SETS["sweep"][0]  # 131072 x 1024: many row blocks per program
+    case = make_case(op, shape, torch.bfloat16, DEVICE, seed=6)
+    x, dy, w = case["x"], case["dy"], case["weight"]
+    stats = torch.zeros(x.shape[0], device=DEVICE), torch.ones(x.shape[0], device=DEVICE)
+    if op == "layernorm":
+        first, second = (k.layernorm_bwd(dy, x, w, *stats) for _ in range(2))
+    else:
+        first, second = (k.rmsnorm_bwd(dy, x, w, stats[1]) for _ in range(2))
+    for a, b in zip(first, second):
+        assert a is None or torch.equal(a, b)
