@@ -418,6 +418,13 @@ def norm_fwd(x, residual, weight, bias, eps, layernorm: bool):
 
 
 # =========================================================================== backward (host)
+def _pad16(n: int, itemsize: int) -> int:
+    """n rounded up to a whole number of 16-byte vectors of ``itemsize``-byte elements."""
+    per = max(1, 16 // itemsize)
+    return -(-n // per) * per
+
+
+
 def norm_bwd(dy, dres, x, weight, mean, rstd, layernorm: bool):
     """(dx, dw or None, db or None); dw and db in the weight's dtype (x's when there is none)."""
     M, N = x.shape
@@ -428,7 +435,9 @@ def norm_bwd(dy, dres, x, weight, mean, rstd, layernorm: bool):
     dx = torch.empty((M, N), dtype=x.dtype, device=x.device)
     n_sums = int(has_weight) + int(layernorm)
     groups = backward_groups(M, p, sm_count(x.device))
-    partials = torch.empty((max(n_sums, 1), groups, N), dtype=torch.float32, device=x.device)
+    # Rows of the partials (and of the sums) padded to 16 bytes: the second of them (dbias) is a
+    # view at an offset, and at N = 7 (28-byte rows) its stores were lost on an H100 (dbias 0).
+    partials = torch.empty((max(n_sums, 1), groups, _pad16(N, 4)), dtype=torch.float32, device=x.device)[..., :N]
     w = weight if has_weight else _placeholder(x, x.dtype, 1, "weight")
     mean = mean if mean is not None else _placeholder(x, torch.float32, 1, "mean")
     row_sums = _placeholder(x, torch.float32, 3, "row_sums")
@@ -447,7 +456,8 @@ def norm_bwd(dy, dres, x, weight, mean, rstd, layernorm: bool):
     _launch(_bwd_kernel, (groups, slices, 1), args)
     if not n_sums:
         return dx, None, None
-    sums = torch.empty((n_sums, N), dtype=weight.dtype if has_weight else x.dtype, device=x.device)
+    sum_dtype = weight.dtype if has_weight else x.dtype
+    sums = torch.empty((n_sums, _pad16(N, sum_dtype.itemsize)), dtype=sum_dtype, device=x.device)[:, :N]
     # narrow column strips, so that even N = 1024 spreads over dozens of SMs
     block_n = min(max(next_pow2(N) // 256, 16), 256)
     block_p = min(4096 // block_n, next_pow2(groups))
