@@ -9,7 +9,9 @@ forward / backward / forward+backward callables the benchmark times.
     AddRMSNorm(4096, eps=1e-6, impl="triton")               # forward(x, residual) -> (y, residual_out)
 
 Everything here calls the implementation's custom ops (``harness.library``:
-``torch.ops.normbench.<impl>_<function>``), whose autograd formula is the contract's backward.
+``torch.ops.normbench.<impl>_<function>``), whose autograd formula is the contract's backward, where
+torch.compile traces; eager calls take their twin, a torch.autograd.Function around the same
+validated kernels and formula, which spares the custom op's dispatch (``library._eager``).
 
 * The implementation is chosen when a module is built: the module holds that implementation's ops,
   and ``torch.compile`` (``fullgraph=True`` works) puts those ops into the graph as opaque nodes that
@@ -69,10 +71,10 @@ def _forward_named(name: str, op: str) -> str:
 def _forward(impl, op: str):
     """The forward custom op of ``op`` in ``impl`` (a name, or a record: inside torch.compile a
     record is looked up by its name, so one outside the registry must have been used once before)."""
-    if isinstance(impl, str) or (torch.compiler.is_compiling() and isinstance(impl, Implementation)):
-        name = impl if isinstance(impl, str) else impl.name
+    if torch.compiler.is_compiling():
+        name = impl if isinstance(impl, str) else _record(impl).name
         return getattr(getattr(torch.ops, NAMESPACE), _forward_named(name, op)).default
-    return norm_ops(impl).function(f"{op}_fwd")
+    return norm_ops(impl).forward(op)
 
 
 def _tensor(t, what="x"):
@@ -133,6 +135,7 @@ class _ImplMixin:
         self.impl = _record(impl)
         self._ops = ops_for(self.impl)
         self._fwd = self._ops.function(f"{self._op}_fwd")  # a ValueError now when the op is missing
+        self._fwd_eager = self._ops.eager[f"{self._op}_fwd"]
         if isinstance(weight_offset, bool) or not isinstance(weight_offset, (int, float)):
             raise TypeError(f"weight_offset must be a float, got {type(weight_offset).__name__}")
         if weight_offset and self.weight is None:
@@ -143,12 +146,17 @@ class _ImplMixin:
 
     # copied (copy.deepcopy) and pickled (torch.save) without the ops, which are looked up again
     def __getstate__(self):
-        return {k: v for k, v in self.__dict__.items() if k not in ("_ops", "_fwd")}
+        return {k: v for k, v in self.__dict__.items() if k not in ("_ops", "_fwd", "_fwd_eager")}
 
     def __setstate__(self, state):
         super().__setstate__(state)
         self._ops = ops_for(self.impl)
         self._fwd = self._ops.function(f"{self._op}_fwd")
+        self._fwd_eager = self._ops.eager[f"{self._op}_fwd"]
+
+    def _forward_fn(self):
+        # the custom op where torch.compile traces (opaque to it); its eager twin otherwise
+        return self._fwd if torch.compiler.is_compiling() else self._fwd_eager
 
     def _check(self, x):
         _tensor(x)
@@ -188,7 +196,7 @@ class RMSNorm(_ImplMixin, torch.nn.RMSNorm):
         return self.eps if self.eps is not None else torch.finfo(x.dtype).eps
 
     def forward(self, x):
-        return _rmsnorm(self._fwd, self._check(x), self.weight, self._eps_for(x), self.weight_offset)
+        return _rmsnorm(self._forward_fn(), self._check(x), self.weight, self._eps_for(x), self.weight_offset)
 
 
 class AddRMSNorm(RMSNorm):
@@ -220,7 +228,7 @@ class AddRMSNorm(RMSNorm):
 
     def forward(self, x, residual):
         self._check(x)
-        return _add_rmsnorm(self._fwd, x, residual, self.weight, self._eps_for(x), self.weight_offset)
+        return _add_rmsnorm(self._forward_fn(), x, residual, self.weight, self._eps_for(x), self.weight_offset)
 
 
 class LayerNorm(_ImplMixin, torch.nn.LayerNorm):
@@ -245,7 +253,7 @@ class LayerNorm(_ImplMixin, torch.nn.LayerNorm):
         self._setup(impl, weight_offset)
 
     def forward(self, x):
-        return _layernorm(self._fwd, self._check(x), self.weight, self.bias, self.eps, self.weight_offset)
+        return _layernorm(self._forward_fn(), self._check(x), self.weight, self.bias, self.eps, self.weight_offset)
 
 
 def callables(k, op: str, direction: str, case: dict):

@@ -8,6 +8,8 @@ GPU is idle waiting for the host (M x N = 4 x 4096 by default):
 
     contract   the contract function itself (validation, allocation, launch), as the benchmark calls it
     autograd   y = norm(x, ...) then y.backward(dy) through ``harness.autograd`` (fwd + bwd together)
+    custom op  the same step through the implementation's forward custom op itself (what a
+               torch.compile graph calls; eager calls through ``harness.autograd`` take its twin)
 
 A reference row, ``torch.nn.functional``, runs the same autograd step through PyTorch's own
 composition of the op (the op record's ``native``: ``F.rms_norm``, ``F.layer_norm``, ``x + residual``
@@ -86,6 +88,10 @@ def measure(impl, op: str, shape: Shape, dtype: str = "bf16", device: str = "cud
     differentiable = getattr(autograd, op, None)
     step = _step(lambda *args: differentiable(*args, impl=impl), rec, case) if differentiable else None
     out["autograd_fwd_bwd_us"] = _per_call_us(step, device, max(calls // 4, 10), trials) if step else None
+    # the same step through the custom op itself, what torch.compile's graphs call (eager calls take
+    # its autograd.Function twin: harness.library._eager)
+    custom = _step(autograd.norm_ops(impl).function(f"{op}_fwd"), rec, case)
+    out["custom_op_fwd_bwd_us"] = _per_call_us(custom, device, max(calls // 4, 10), trials)
     return out
 
 
@@ -136,11 +142,11 @@ def _device_name(device: str) -> str:
 
 
 def markdown(rows: list[dict]) -> list[str]:
-    out = ["| implementation | op | contract fwd µs | contract bwd µs | autograd fwd+bwd µs |", "|---|---|---:|---:|---:|"]
+    out = ["| implementation | op | contract fwd µs | contract bwd µs | autograd fwd+bwd µs | custom op fwd+bwd µs |", "|---|---|---:|---:|---:|---:|"]
     for r in sorted(rows, key=lambda r: (r["op"], r.get("autograd_fwd_bwd_us") or 1e9)):
         if "error" in r:
-            out.append(f"| {r['impl']} | {r['op']} | {r['error'][:60]} | | |")
+            out.append(f"| {r['impl']} | {r['op']} | {r['error'][:60]} | | | |")
         else:
-            us = [r[k] for k in ("contract_fwd_us", "contract_bwd_us", "autograd_fwd_bwd_us")]
+            us = [r.get(k) for k in ("contract_fwd_us", "contract_bwd_us", "autograd_fwd_bwd_us", "custom_op_fwd_bwd_us")]
             out.append(f"| {r['impl']} | {r['op']} | " + " | ".join("–" if v is None else f"{v:.1f}" for v in us) + " |")
     return out

@@ -104,7 +104,11 @@ def cases(ops=("rmsnorm", "layernorm", "add_rmsnorm")):
         impl = p.values[0]
         for op in ops:
             if op in impl.ops:
-                yield pytest.param(impl, op, marks=p.marks, id=f"{impl.name}-{op}")
+                marks = list(p.marks)
+                known = getattr(impl, "meta", {}).get("known_failures", {}).get(op)
+                if known:  # a failure the record documents (e.g. an LLM sample's, explained later)
+                    marks.append(pytest.mark.xfail(reason=f"{impl.name}: {known}", strict=False))
+                yield pytest.param(impl, op, marks=marks, id=f"{impl.name}-{op}")
 
 
 @pytest.mark.parametrize("impl,op", list(cases()))

@@ -243,3 +243,25 @@ def test_compiled_functions_by_name_and_by_record(fresh_dynamo):
 
     # (the eager run registers the record's ops before the compiled one looks them up by name)
     eager_matches_compiled(f, [torch.randn(3, 64, device=DEVICE), torch.randn(64, device=DEVICE)])
+
+
+def test_eager_calls_take_the_twin_and_compiled_code_the_custom_op():
+    """Outside torch.compile the differentiable forward is an autograd.Function around the same
+    validated kernels (no custom-op dispatch per call); in a compiled graph it is the custom op."""
+    from harness.autograd import norm_ops, rmsnorm
+
+    ops = norm_ops("eager")
+    twin = ops.forward("rmsnorm")
+    assert twin is ops.eager["rmsnorm_fwd"] and twin is not ops.function("rmsnorm_fwd")
+    with pytest.raises(ValueError, match="does not provide"):
+        norm_ops("triton-rmsnorm-claude-20261122-1").forward("layernorm")
+    targets = []
+
+    def backend(gm, example_inputs):
+        targets.extend(str(n.target) for n in gm.graph.nodes if n.op == "call_function")
+        return gm
+
+    x, w, _ = tiny(torch.float32)
+    f = torch.compile(lambda x, w: rmsnorm(x, w, 1e-6, impl="eager"), backend=backend, fullgraph=True)
+    torch.testing.assert_close(f(x, w), rmsnorm(x, w, 1e-6, impl="eager"))
+    assert any(t.startswith("normbench.") for t in targets), targets
