@@ -228,7 +228,7 @@ def _pin(monkeypatch, op: str, wide: bool, compiled: bool) -> SimpleNamespace:
     """The contract functions with ``_variant``'s kernels: compiled to Triton (for its interpreter),
     or in Helion's eager mode, where the CPU path would take the default's variant."""
     mod = rmsnorm if codegen.KERNELS_OF[op] == "rmsnorm" else layernorm
-    monkeypatch.setattr(mod, "choose", lambda entry, x: _variant(op, entry.rpartition("_")[2], wide))
+    monkeypatch.setattr(mod, "choose", lambda entry, x, rows=1.0: _variant(op, entry.rpartition("_")[2], wide))
     if compiled:
 
         def run(kernel, config, *args):
@@ -466,3 +466,19 @@ def test_gpu_launch_pins_a_config_and_never_autotunes(monkeypatch):
     expected = x.float() * torch.rsqrt(x.float().square().mean(-1, keepdim=True) + 1e-5)
     torch.testing.assert_close(y.float(), expected, rtol=2e-2, atol=2e-2)
     assert dx.shape == wide.shape and dw.shape == (32768,)
+
+
+def test_fused_add_backward_takes_the_config_of_longer_rows():
+    """The fused backward stages dresidual_out beside dy and residual_out: it takes the tuned config
+    of rows 1.5x as long (on an H100 RMSNorm's resident config at N = 16384 asked 262 KB of shared
+    memory of it, over the 227 KB limit; the bucket of 24576 is the split backward)."""
+    gpu = "NVIDIA H100 80GB HBM3"
+    tuned = configs.table()[gpu]["rmsnorm_bwd"]["bf16"]
+    n = configs.lookup_n(16384, configs.FUSED_ADD_ROWS["bwd"])
+    assert n == 24576 and configs.lookup_n(16384, configs.FUSED_ADD_ROWS["fwd"]) == 16384
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        plain = configs.pinned("rmsnorm_bwd", 16384, "bf16", gpu, (9, 0))
+        fused = configs.pinned("rmsnorm_bwd", n, "bf16", gpu, (9, 0))
+    assert plain.kernel == tuned["16384"]["kernel"] and fused.kernel == tuned["32768"]["kernel"]
+    assert fused.kernel.endswith("_split")

@@ -169,6 +169,11 @@ def test_fused_add_borrows_rmsnorm_configs(monkeypatch):
     # chunked forward: half the chunk, two input rows in the registers of one
     assert C.lookup("GPU X", "add_rmsnorm", "fwd", 65536) == C.Config(rows=1, warps=32, chunk=16384)
     assert C.lookup("GPU X", "add_rmsnorm", "fwd", 262144).chunk == C.heuristic("fwd", 262144).chunk // 2
+    # RMSNorm's whole-row re-read backward does not hold the fused op's third row tensor: wide rows
+    # take the sliced heuristic (measured on an H100: 9% of copy bandwidth against 64%)
+    monkeypatch.setattr(C, "_PINNED", {"GPU X": {"rmsnorm_bwd": {"16384": {"rows": 1, "warps": 16, "reread": True}}}})
+    assert C.lookup("GPU X", "rmsnorm", "bwd", 16384).reread
+    assert C.lookup("GPU X", "add_rmsnorm", "bwd", 16384) == C.heuristic("bwd", 16384)
     # a table of its own, once measured, wins
     monkeypatch.setattr(C, "_PINNED", {"GPU X": {"rmsnorm_fwd": by_n, "add_rmsnorm_fwd": {"65536": {"rows": 2}}}})
     assert C.lookup("GPU X", "add_rmsnorm", "fwd", 65536) == C.Config(rows=2)

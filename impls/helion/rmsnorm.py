@@ -68,7 +68,7 @@ from __future__ import annotations
 import helion.language as hl
 import torch
 
-from .configs import choose, launch
+from .configs import FUSED_ADD_ROWS, choose, launch
 from .imports import RefMode, kernel
 
 # Every kernel is compiled (never Helion's eager reference mode, whatever HELION_INTERPRET says at
@@ -197,7 +197,7 @@ def rmsnorm_fwd(x, weight, eps):
 
 
 def add_rmsnorm_bwd(dy, dresidual_out, residual_out, weight, rstd):
-    choice = choose("rmsnorm_bwd", residual_out)
+    choice = choose("rmsnorm_bwd", residual_out, rows=FUSED_ADD_ROWS["bwd"] if dresidual_out is not None else 1.0)
     x = residual_out
     if choice.kernel == rmsnorm_bwd_split.name:
         c = launch(rmsnorm_bwd_row_sums, choice.first_pass, dy, x, weight, rstd)

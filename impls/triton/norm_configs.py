@@ -171,7 +171,7 @@ _PINNED: dict | None = None
 
 
 
-def _fused_add_config(cfg: Config, direction: str) -> Config:
+def _fused_add_config(cfg: Config, direction: str, n: int) -> Config:
     """RMSNorm's config as the fused add + RMSNorm runs it. The same tile keeps twice the bytes in
     flight (x and residual in, y and residual_out out; dy, residual_out and dresidual_out in, dh
     out), and the fp32 math is RMSNorm's, so the whole-row tiles and the backward carry over: built
@@ -181,9 +181,18 @@ def _fused_add_config(cfg: Config, direction: str) -> Config:
     re-read kernels at N = 5120-16384 with 8-32 bytes of stack where RMSNorm's have 0-16). The
     chunked forward's chunk is halved, so that a chunk of x and residual holds what RMSNorm's chunk
     of x does: at N = 65536, 32 warps, 32768-wide chunks gave the fused kernel 48 bytes of stack,
-    16384-wide none. Not timed on a GPU yet."""
+    16384-wide none.
+
+    Timed on an H100 (bf16 sweep, reports/nvidia-h100/2026-11-24/add_rmsnorm-weights/): the
+    forward and the backward up to N = 8192 hold 80-99% of the copy bandwidth on the H200's table,
+    but RMSNorm's whole-row re-read backward at N = 16384 ran the fused backward at 9% (its third
+    row tensor, dresidual_out, on top of a kernel sized for two), where the column-sliced backward of
+    the heuristic had run it at 64% on the same GPU (reports/nvidia-h100/2026-11-23, run 1): above
+    BWD_TILE_MAX the fused backward takes the sliced heuristic instead."""
     if direction == "fwd" and cfg.chunk:
         return replace(cfg, chunk=max(MIN_BLOCK, cfg.chunk // 2))
+    if direction == "bwd" and cfg.reread and bucket(n) > BWD_TILE_MAX:
+        return heuristic("bwd", n)
     return cfg
 
 
@@ -208,7 +217,7 @@ def pinned(gpu: str, op: str, direction: str, n: int) -> Config | None:
     if f"{op}_{direction}" not in tables and op in BORROWS:
         source, adapt = BORROWS[op]
         cfg = pinned(gpu, source, direction, n)
-        return adapt(cfg, direction) if cfg else None
+        return adapt(cfg, direction, n) if cfg else None
     table = tables.get(f"{op}_{direction}", {})
     entry = table.get(str(n)) or table.get(str(bucket(n)))
     return Config(**entry) if entry else None
@@ -253,7 +262,7 @@ def resolve(gpu: str, op: str, direction: str, n: int, capability=None) -> tuple
     found = pinned(table_gpu, op, direction, n) if table_gpu else None
     if found:
         return found, how
-    cfg = BORROWS[op][1](heuristic(direction, n), direction) if op in BORROWS else heuristic(direction, n)
+    cfg = BORROWS[op][1](heuristic(direction, n), direction, n) if op in BORROWS else heuristic(direction, n)
     return cfg, how if table_gpu is None else f"heuristic (no entry for N={n} in the table of {table_gpu})"
 
 
