@@ -49,9 +49,10 @@ def test_triton_kernels_agree_in_fp32(arch, tmp_path):
     rep = reps[f"{arch}-tiny-eager.json"]
     st = _statuses(rep)
     assert rc == 0 and st.pop("triton") == "pass"
-    # the LLM-written kernels each provide one op: one runs, the other is skipped with the reason
+    # the LLM-written kernels each provide one op: the one of the model's norm runs, the others are
+    # skipped with the reason
     op = "rmsnorm" if arch == "llama" else "layernorm"
-    assert sorted(st.values()) == ["pass", "skip"]
+    assert list(st.values()).count("pass") == 1 and set(st.values()) == {"pass", "skip"}
     assert any(r["status"] == "skip" and op in r["reason"] for r in rep["results"])
 
 
