@@ -55,8 +55,8 @@ Design decisions:
 
 Measured on an H100 (bf16 sweep, % of copy bandwidth; reports/nvidia-h100/2026-11-24/cutile/): this
 first version is correct everywhere but slow. Forward 23-77% (the row in one tile still leaves the
-GPU's bandwidth unused with 1-2 rows per tile; N = 2880 runs as a 4096 tile), backward 74-93% up to
-N = 4096 (RMSNorm, add + RMSNorm) and 20-45% on the column-sliced rows above it. The tile limits in
+GPU's bandwidth unused with 1-2 rows per tile; N = 2880 runs as a 4096 tile), backward 41-93% up to
+N = 4096 (LayerNorm 41-67%) and 20-45% on the column-sliced rows above it. The tile limits in
 plan.py are first guesses, not tuned; no counters taken yet.
 
 Without a GPU: cuTile has no CPU interpreter, but ``tileiras`` compiles without one. The tests
