@@ -378,6 +378,14 @@ def cmd_check(a) -> int:
 
 
 # ---------------------------------------------------------------- bench / rank / report
+def _refuse_to_overwrite(out: Path, a) -> None:
+    results = out / "results.jsonl"
+    if results.is_file() and not (a.resume or a.overwrite):
+        raise UsageError(
+            f"{out} already holds benchmark results ({results}): --resume adds to them, --overwrite starts the folder over"
+        )
+
+
 def cmd_bench(a) -> int:
     import torch
 
@@ -386,6 +394,8 @@ def cmd_bench(a) -> int:
     from .registry import select
     from .roofline import DIRECTIONS_BENCH
 
+    if a.out:  # before anything else: a folder of results is never wiped by accident
+        _refuse_to_overwrite(Path(a.out), a)
     _require_cuda("bench")
     ops = _split(a.op, OPS, "op")
     dirs = _split(a.direction or "fwd,bwd", DIRECTIONS_BENCH, "direction")
@@ -394,6 +404,7 @@ def cmd_bench(a) -> int:
     impls = select(a.impl)
     profile_ns = _ints(a.profile_n, "--profile-n") if a.profile else None
     out = _output_dir(a.out or default_out_dir(torch.cuda.get_device_name(0)), "--out")
+    _refuse_to_overwrite(out, a)
     command = "normbench " + " ".join(shlex.quote(x) for x in sys.argv[1:])
     from .bench import CudaTimer
 
@@ -652,6 +663,7 @@ def build_parser() -> argparse.ArgumentParser:
     common(s, ("fwd", "bwd", "fwdbwd"))
     s.add_argument("--out", help="report folder (default: reports/<gpu>/<date>)")
     s.add_argument("--resume", action="store_true", help="skip points already in the folder's results.jsonl")
+    s.add_argument("--overwrite", action="store_true", help="start over in a folder that holds results (they are deleted)")
     s.add_argument("--profile", action="store_true", help="then `normbench profile` the folder (Nsight Compute counters)")
     s.add_argument("--profile-n", default="4096,16384,262144", help="row lengths N that --profile measures (default: 4096,16384,262144)")
     s.add_argument("--rep-ms", type=int, default=100, help="time budget of each trial's repetitions (do_bench rep)")

@@ -150,6 +150,7 @@ BAD_ARGS = [
     (["rank", "{T}/nowhere"], "no such benchmark folder"),
     (["merge", "{GOOD}"], "merge: the following arguments are required"),
     (["tune", "--impl", "helion"], "needs a CUDA GPU"),
+    (["bench", "--out", "{GOOD}", "--impl", "eager"], "already holds benchmark results"),
     (["tritonbench", "--op"], "tritonbench: argument --op: expected one argument"),
     (["generate", "--samples", "x"], "generate"),
     (["frobnicate"], "invalid choice"),
