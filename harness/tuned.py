@@ -5,7 +5,7 @@ launch configs per GPU name, measured offline (``normbench tune``). A user's GPU
 that was tuned. The rule, in order:
 
 1. the table tuned on this GPU (same ``torch.cuda.get_device_name``): provenance ``tuned``;
-2. else the table of a tuned GPU of the same compute capability (an H800 or GH200 reads the
+2. else the table of a tuned GPU of the same compute capability (an H800 or GH200 reads an H100's or
    H200's: same SM, same register file and shared memory per SM, so a config that fits one fits the
    other and the best tile sizes carry over; only the bandwidth differs, which moves every config
    alike): provenance ``borrowed from <GPU> (sm_XY)``;
