@@ -39,12 +39,23 @@ def test_llm_samples_record_the_model_and_how_it_was_run():
         assert re.fullmatch(rf"{s.dsl}-{s.op}-claude-{s.metadata['date'].replace('-', '')}-\d+", folder.name), folder.name
 
 
-def test_no_made_up_model_name_or_working_names_in_committed_files():
+# an LLM sample's name as committed files cite it: <dsl>-<op>-<model>-<YYYYMMDD>-<k>
+SAMPLE_NAME = re.compile(r"\b(?:triton|helion|cute|gluon)-(?:add_rmsnorm|rmsnorm|layernorm)-[a-z][a-z0-9-]*?-\d{8}-\d+\b")
+# a report folder is named by what it holds: a date, a GPU, or words (a dtype, a variant letter)
+REPORT_WORD = re.compile(r"[a-z_]+|bf16|fp16|fp32|h100|h200|[A-Z]")
+
+
+def test_committed_files_cite_only_stored_samples_and_name_report_folders_by_content():
+    samples = {f.name for f in (ROOT / "impls" / "llm").iterdir() if (f / "metadata.json").is_file()}
     for path in _tracked("reports", "README.md", "impls"):
         p = ROOT / path
         if p.is_file() and p.suffix in (".md", ".json", ".jsonl", ".csv", ".log", ".txt", ".py"):
-            assert "claude-subagent" not in p.read_text(errors="replace"), path
-        assert not any(re.fullmatch(r"session\d.*", part) for part in Path(path).parts), path
+            cited = set(SAMPLE_NAME.findall(p.read_text(errors="replace")))
+            assert cited <= samples, (path, cited - samples)
+    for path in _tracked("reports"):
+        for part in Path(path).parent.parts[1:]:
+            ok = re.fullmatch(r"\d{4}-\d{2}-\d{2}", part) or all(REPORT_WORD.fullmatch(w) for w in part.split("-"))
+            assert ok, (path, part)
 
 
 def test_committed_results_name_registered_implementations():
