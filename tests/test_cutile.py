@@ -13,6 +13,7 @@ from harness.contract import DTYPES
 from harness.inputs import make_case
 from harness.shapes import SHAPE_SETS
 
+from .compile_only_cases import CALLS, REGIMES, assert_compile_only_launches_nothing, inputs
 from .conftest import DEVICE, HAS_CUDA
 
 HAS_CUTILE = importlib.util.find_spec("cuda") is not None and importlib.util.find_spec("cuda.tile") is not None
@@ -21,7 +22,6 @@ needs_cutile = pytest.mark.skipif(not HAS_CUTILE, reason="cuda-tile is not insta
 # one shape per row regime, from the shared shape sets: narrow rows packed many to a tile (N = 7),
 # a mid-size odd row (1001), a row in one tile (2880), wide rows on the chunked forward / sliced
 # backward paths (20001, and the widest, 262144)
-REGIMES = {s.n: s for s in SHAPE_SETS["smoke"] + SHAPE_SETS["edge"] if s.n in (7, 1001, 2880, 20001, 262144)}
 
 
 # ------------------------------------------------------------------- the record (no cuda-tile needed)
@@ -90,27 +90,6 @@ def cutile_kernels():
     return kernels
 
 
-def _inputs(shape, dtype, param_dtype):
-    """The shared case's tensors, made on the CPU (compile_only reads dtypes, strides and alignment)."""
-    case = make_case("layernorm", shape, dtype)
-    x = case["x"].reshape(-1, shape.n)
-    dy = case["dy"].reshape(-1, shape.n)
-    w, b = case["weight"].to(param_dtype), case["bias"].to(param_dtype)
-    stat = torch.ones(x.shape[0], dtype=torch.float32)
-    return x, dy, w, b, stat
-
-
-CALLS = {
-    ("rmsnorm", "fwd"): lambda k, x, dy, w, b, s: k.rmsnorm_fwd(x, w, 1e-5),
-    ("rmsnorm", "bwd"): lambda k, x, dy, w, b, s: k.rmsnorm_bwd(dy, x, w, s),
-    ("layernorm", "fwd"): lambda k, x, dy, w, b, s: k.layernorm_fwd(x, w, b, 1e-5),
-    ("layernorm", "bwd"): lambda k, x, dy, w, b, s: k.layernorm_bwd(dy, x, w, s, s),
-    ("add_rmsnorm", "fwd"): lambda k, x, dy, w, b, s: k.add_rmsnorm_fwd(x, dy, w, 1e-5),
-    ("add_rmsnorm", "bwd"): lambda k, x, dy, w, b, s: k.add_rmsnorm_bwd(dy, dy.clone(), x, w, s),
-    ("add_rmsnorm", "bwd-no-dresidual"): lambda k, x, dy, w, b, s: k.add_rmsnorm_bwd(dy, None, x, w, s),
-    ("layernorm", "bwd-no-affine"): lambda k, x, dy, w, b, s: k.layernorm_bwd(dy, x, None, s, s),
-}
-
 # bf16 x with fp32 weights at every regime; fp32 on three (narrow, mid, sliced backward); fp16
 # (the same plans as bf16) on the widest row. A compile takes 0.3-5 s on 2 CPU cores.
 COMPILES = [(n, "bf16", "fp32") for n in sorted(REGIMES)] + [(n, "fp32", "fp32") for n in (7, 2880, 20001)]
@@ -125,7 +104,7 @@ def test_every_kernel_compiles_for_sm90(cutile_kernels, n, dtype, param_dtype):
 
     k = cutile_kernels
     shape = REGIMES[n]
-    x, dy, w, b, s = _inputs(shape, DTYPES[dtype], DTYPES[param_dtype])
+    x, dy, w, b, s = inputs(shape, DTYPES[dtype], DTYPES[param_dtype])
     for (op, direction), call in CALLS.items():
         with k.compile_only() as compiled:
             call(k, x, dy, w, b, s)
@@ -143,13 +122,7 @@ def test_every_kernel_compiles_for_sm90(cutile_kernels, n, dtype, param_dtype):
 
 def test_compile_only_leaves_nothing_launched(cutile_kernels):
     """Outside ``compile_only`` a CPU tensor reaches a real launch, which fails loudly (no GPU)."""
-    k = cutile_kernels
-    x = torch.ones(2, 16)
-    with k.compile_only() as compiled:
-        k.rmsnorm_fwd(x, None, 1e-5)
-    assert len(compiled) == 1
-    with pytest.raises(Exception):
-        k.rmsnorm_fwd(x, None, 1e-5)
+    assert_compile_only_launches_nothing(cutile_kernels)
 
 
 @needs_cutile

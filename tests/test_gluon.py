@@ -15,6 +15,7 @@ from harness.contract import DTYPES
 from harness.inputs import make_case
 from harness.shapes import SHAPE_SETS
 
+from .compile_only_cases import CALLS, REGIMES, assert_compile_only_launches_nothing, inputs
 from .conftest import DEVICE, HAS_CUDA
 
 pytestmark = pytest.mark.skipif(
@@ -25,7 +26,6 @@ pytestmark = pytest.mark.skipif(
 # one shape per row regime, from the shared shape sets: rows narrower than a warp (N = 7), a
 # mid-size odd row (1001), a row held in registers by many warps (2880), wide rows on the chunked
 # forward / sliced backward paths (20001: fp32 only for the forward; 262144: every dtype)
-REGIMES = {s.n: s for s in SHAPE_SETS["smoke"] + SHAPE_SETS["edge"] if s.n in (7, 1001, 2880, 20001, 262144)}
 
 
 # ------------------------------------------------------------------------------- launch plans
@@ -77,28 +77,6 @@ def gluon_kernels():
     return kernels
 
 
-def _inputs(shape, dtype, param_dtype):
-    """The shared case's tensors, made on the CPU (compile_only only reads dtypes and strides)."""
-    case = make_case("layernorm", shape, dtype)
-    x = case["x"].reshape(-1, shape.n)
-    dy = case["dy"].reshape(-1, shape.n)
-    w, b = case["weight"].to(param_dtype), case["bias"].to(param_dtype)
-    stat = torch.ones(x.shape[0], dtype=torch.float32)
-    return x, dy, w, b, stat
-
-
-CALLS = {
-    ("rmsnorm", "fwd"): lambda k, x, dy, w, b, s: k.rmsnorm_fwd(x, w, 1e-5),
-    ("rmsnorm", "bwd"): lambda k, x, dy, w, b, s: k.rmsnorm_bwd(dy, x, w, s),
-    ("layernorm", "fwd"): lambda k, x, dy, w, b, s: k.layernorm_fwd(x, w, b, 1e-5),
-    ("layernorm", "bwd"): lambda k, x, dy, w, b, s: k.layernorm_bwd(dy, x, w, s, s),
-    ("add_rmsnorm", "fwd"): lambda k, x, dy, w, b, s: k.add_rmsnorm_fwd(x, dy, w, 1e-5),
-    ("add_rmsnorm", "bwd"): lambda k, x, dy, w, b, s: k.add_rmsnorm_bwd(dy, x, x, w, s),
-    ("add_rmsnorm", "bwd-no-dresidual"): lambda k, x, dy, w, b, s: k.add_rmsnorm_bwd(dy, None, x, w, s),
-    ("layernorm", "bwd-no-affine"): lambda k, x, dy, w, b, s: k.layernorm_bwd(dy, x, None, s, s),
-}
-
-
 # bf16 x with fp32 weights at every regime; fp32 on its own three (narrow, mid, chunked forward);
 # fp16 (the same plans as bf16) on two
 COMPILES = [(n, "bf16", "fp32") for n in sorted(REGIMES)] + [(n, "fp32", "fp32") for n in (7, 2880, 20001)]
@@ -114,7 +92,7 @@ def test_every_kernel_compiles_for_sm90a(gluon_kernels, n, dtype, param_dtype):
 
     k = gluon_kernels
     shape = REGIMES[n]
-    x, dy, w, b, s = _inputs(shape, DTYPES[dtype], DTYPES[param_dtype])
+    x, dy, w, b, s = inputs(shape, DTYPES[dtype], DTYPES[param_dtype])
     for (op, direction), call in CALLS.items():
         with k.compile_only() as compiled:
             call(k, x, dy, w, b, s)
@@ -135,13 +113,7 @@ def test_every_kernel_compiles_for_sm90a(gluon_kernels, n, dtype, param_dtype):
 
 def test_compile_only_leaves_nothing_launched(gluon_kernels):
     """Outside ``compile_only`` a CPU tensor reaches a real launch, which fails loudly (no GPU)."""
-    k = gluon_kernels
-    x = torch.ones(2, 16)
-    with k.compile_only() as compiled:
-        k.rmsnorm_fwd(x, None, 1e-5)
-    assert len(compiled) == 1
-    with pytest.raises(Exception):
-        k.rmsnorm_fwd(x, None, 1e-5)
+    assert_compile_only_launches_nothing(gluon_kernels)
 
 
 # ---------------------------------------------- against fp64: on a GPU, or layout-erased on the CPU

@@ -1,0 +1,46 @@
+"""What the compile-only tests of GPU-only DSLs (Gluon, cuTile) feed their kernels: one shape per row
+regime, the shared drawn tensors made on the CPU, and one call per op and direction of the contract
+(plus the optional-argument variants), so that every kernel a GPU would launch gets compiled."""
+
+import pytest
+import torch
+
+from harness.inputs import make_case
+from harness.shapes import SHAPE_SETS
+
+# narrow, mid, a non-power of two, a row too wide for one tile, the widest
+REGIMES = {s.n: s for s in SHAPE_SETS["smoke"] + SHAPE_SETS["edge"] if s.n in (7, 1001, 2880, 20001, 262144)}
+
+
+def inputs(shape, dtype, param_dtype):
+    """x, dy, weight, bias and a statistic, made on the CPU (compile_only reads dtypes, strides and
+    alignment only)."""
+    case = make_case("layernorm", shape, dtype)
+    x = case["x"].reshape(-1, shape.n)
+    dy = case["dy"].reshape(-1, shape.n)
+    w, b = case["weight"].to(param_dtype), case["bias"].to(param_dtype)
+    stat = torch.ones(x.shape[0], dtype=torch.float32)
+    return x, dy, w, b, stat
+
+
+CALLS = {
+    ("rmsnorm", "fwd"): lambda k, x, dy, w, b, s: k.rmsnorm_fwd(x, w, 1e-5),
+    ("rmsnorm", "bwd"): lambda k, x, dy, w, b, s: k.rmsnorm_bwd(dy, x, w, s),
+    ("layernorm", "fwd"): lambda k, x, dy, w, b, s: k.layernorm_fwd(x, w, b, 1e-5),
+    ("layernorm", "bwd"): lambda k, x, dy, w, b, s: k.layernorm_bwd(dy, x, w, s, s),
+    ("add_rmsnorm", "fwd"): lambda k, x, dy, w, b, s: k.add_rmsnorm_fwd(x, dy, w, 1e-5),
+    ("add_rmsnorm", "bwd"): lambda k, x, dy, w, b, s: k.add_rmsnorm_bwd(dy, dy.clone(), x, w, s),
+    ("add_rmsnorm", "bwd-no-dresidual"): lambda k, x, dy, w, b, s: k.add_rmsnorm_bwd(dy, None, x, w, s),
+    ("layernorm", "bwd-no-affine"): lambda k, x, dy, w, b, s: k.layernorm_bwd(dy, x, None, s, s),
+}
+
+
+def assert_compile_only_launches_nothing(k):
+    """Inside ``compile_only`` one kernel is compiled and nothing runs; outside it, a CPU tensor
+    reaches a real launch, which fails loudly (no GPU)."""
+    x = torch.ones(2, 16)
+    with k.compile_only() as compiled:
+        k.rmsnorm_fwd(x, None, 1e-5)
+    assert len(compiled) == 1
+    with pytest.raises(Exception):
+        k.rmsnorm_fwd(x, None, 1e-5)
