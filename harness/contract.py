@@ -62,6 +62,51 @@ FUNCTIONS = tuple(f"{op}_{d}" for op in OPS for d in DIRECTIONS)
 PARAM_DTYPES = (torch.float32,)
 
 
+@dataclass(frozen=True)
+class ContractFunctions:
+    rmsnorm_fwd: Callable
+    rmsnorm_bwd: Callable
+    layernorm_fwd: Callable
+    layernorm_bwd: Callable
+    add_rmsnorm_fwd: Callable
+    add_rmsnorm_bwd: Callable
+
+    def __iter__(self):
+        return iter(getattr(self, f) for f in self.__dataclass_fields__)
+
+
+def contract_functions(norm_fwd: Callable, norm_bwd: Callable) -> ContractFunctions:
+    """The six contract functions of kernels written once for the three ops behind flags:
+    ``norm_fwd(x, residual, weight, bias, eps, layernorm) -> (y, residual_out, mean, rstd)`` and
+    ``norm_bwd(dy, dresidual_out, x, weight, mean, rstd, layernorm) -> (dx, dweight, dbias)``, with
+    None for what an op does not have."""
+
+    def rmsnorm_fwd(x, weight, eps):
+        y, _, _, rstd = norm_fwd(x, None, weight, None, eps, layernorm=False)
+        return y, rstd
+
+    def rmsnorm_bwd(dy, x, weight, rstd):
+        dx, dw, _ = norm_bwd(dy, None, x, weight, None, rstd, layernorm=False)
+        return dx, dw
+
+    def layernorm_fwd(x, weight, bias, eps):
+        y, _, mean, rstd = norm_fwd(x, None, weight, bias, eps, layernorm=True)
+        return y, mean, rstd
+
+    def layernorm_bwd(dy, x, weight, mean, rstd):
+        return norm_bwd(dy, None, x, weight, mean, rstd, layernorm=True)
+
+    def add_rmsnorm_fwd(x, residual, weight, eps):
+        y, h, _, rstd = norm_fwd(x, residual, weight, None, eps, layernorm=False)
+        return y, h, rstd
+
+    def add_rmsnorm_bwd(dy, dresidual_out, residual_out, weight, rstd):
+        dh, dw, _ = norm_bwd(dy, dresidual_out, residual_out, weight, None, rstd, layernorm=False)
+        return dh, dw
+
+    return ContractFunctions(rmsnorm_fwd, rmsnorm_bwd, layernorm_fwd, layernorm_bwd, add_rmsnorm_fwd, add_rmsnorm_bwd)
+
+
 def split_function(fn_name: str) -> tuple[str, str]:
     """'add_rmsnorm_fwd' -> ('add_rmsnorm', 'fwd')."""
     op, _, direction = fn_name.rpartition("_")

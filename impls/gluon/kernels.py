@@ -58,6 +58,8 @@ import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
+from harness.contract import contract_functions
+
 from .plan import Plan, Tile, next_pow2, plan, programs_per_sm, tile
 
 
@@ -474,30 +476,6 @@ def norm_bwd(dy, dres, x, weight, mean, rstd, layernorm: bool):
 
 
 # ============================================================================ the contract
-def rmsnorm_fwd(x, weight, eps):
-    y, _, _, rstd = norm_fwd(x, None, weight, None, eps, layernorm=False)
-    return y, rstd
-
-
-def rmsnorm_bwd(dy, x, weight, rstd):
-    dx, dw, _ = norm_bwd(dy, None, x, weight, None, rstd, layernorm=False)
-    return dx, dw
-
-
-def layernorm_fwd(x, weight, bias, eps):
-    y, _, mean, rstd = norm_fwd(x, None, weight, bias, eps, layernorm=True)
-    return y, mean, rstd
-
-
-def layernorm_bwd(dy, x, weight, mean, rstd):
-    return norm_bwd(dy, None, x, weight, mean, rstd, layernorm=True)
-
-
-def add_rmsnorm_fwd(x, residual, weight, eps):
-    y, h, _, rstd = norm_fwd(x, residual, weight, None, eps, layernorm=False)
-    return y, h, rstd
-
-
-def add_rmsnorm_bwd(dy, dresidual_out, residual_out, weight, rstd):
-    dh, dw, _ = norm_bwd(dy, dresidual_out, residual_out, weight, None, rstd, layernorm=False)
-    return dh, dw
+(rmsnorm_fwd, rmsnorm_bwd, layernorm_fwd, layernorm_bwd, add_rmsnorm_fwd, add_rmsnorm_bwd) = contract_functions(
+    norm_fwd, norm_bwd
+)
