@@ -9,7 +9,7 @@ from harness.autograd import AddRMSNorm, LayerNorm, RMSNorm, add_rmsnorm, layern
 from harness.checker import compare
 
 from . import counting_impl
-from .conftest import DEVICE
+from .conftest import DEVICE, known_failure_marks
 from .test_custom_ops import runnable
 
 EPS = 1e-5
@@ -104,11 +104,7 @@ def cases(ops=("rmsnorm", "layernorm", "add_rmsnorm")):
         impl = p.values[0]
         for op in ops:
             if op in impl.ops:
-                marks = list(p.marks)
-                known = getattr(impl, "meta", {}).get("known_failures", {}).get(op)
-                if known:  # a failure the record documents (e.g. an LLM sample's, explained later)
-                    marks.append(pytest.mark.xfail(reason=f"{impl.name}: {known}", strict=False))
-                yield pytest.param(impl, op, marks=marks, id=f"{impl.name}-{op}")
+                yield pytest.param(impl, op, marks=[*p.marks, *known_failure_marks(impl, op)], id=f"{impl.name}-{op}")
 
 
 @pytest.mark.parametrize("impl,op", list(cases()))

@@ -12,7 +12,7 @@ from harness.ops import get_op
 from harness.registry import all_implementations
 from harness.shapes import SHAPE_SETS
 
-from .conftest import DEVICE, HAS_CUDA
+from .conftest import DEVICE, HAS_CUDA, known_failure_marks
 
 COSTLY_SMOKE = tuple(s for s in SHAPE_SETS["smoke"] if s.m == 3)
 COSTLY_OTHER_DTYPES = (SHAPE_SETS["edge"][0], SHAPE_SETS["edge"][3], SHAPE_SETS["edge"][5])
@@ -46,9 +46,7 @@ def plan():
                         # an LLM's verbatim output that needed fixes: its failures are a result
                         # (reported by normbench check/bench), not a regression
                         marks.append(pytest.mark.xfail(reason="first-shot LLM output with recorded fixes", strict=False))
-                    known = impl.meta.get("known_failures", {}).get(op)
-                    if known:  # an anchor's documented departure from the contract (harness/anchors.py)
-                        marks.append(pytest.mark.xfail(reason=f"{impl.name}: {known}", strict=False))
+                    marks += known_failure_marks(impl, op)
                     yield pytest.param(impl, op, dtype, set_name, shapes, id=f"{impl.name}-{op}-{dtype}-{set_name}", marks=marks)
 
 
@@ -77,9 +75,9 @@ COSTLY_VARIANTS = (("fp32", ("bf16",)), ("offset", ("fp32",)))
 
 def _marks(impl, why, what, direction):
     marks = [pytest.mark.skip(reason=f"{impl.name}: {why}")] if why else []
-    known = impl.meta.get("known_failures", {}).get(what)
-    if known:  # a documented departure from the contract (the record's meta says which and why)
-        marks.append(pytest.mark.xfail(reason=f"{impl.name}: {known}", strict=False))
+    known = known_failure_marks(impl, what)
+    if known:
+        marks += known
     elif impl.external:
         marks.append(pytest.mark.xfail(reason=f"a third-party library: a failure on {what} is its result", strict=False))
     elif impl.meta.get("variant") == "first-shot":
@@ -129,9 +127,7 @@ def _affine_free_params():
     for i in all_implementations().values():
         if not i.available(DEVICE) or (i.meta.get("variant") == "first-shot" and i.meta.get("has_fixes")):
             continue
-        known = "; ".join(why for op, why in i.meta.get("known_failures", {}).items() if op in i.ops)
-        marks = [pytest.mark.xfail(reason=f"{i.name}: {known}", strict=False)] if known else []
-        yield pytest.param(i, marks=marks, id=i.name)
+        yield pytest.param(i, marks=known_failure_marks(i, *i.ops), id=i.name)
 
 
 @pytest.mark.parametrize("impl", list(_affine_free_params()))
