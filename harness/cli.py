@@ -404,7 +404,8 @@ def cmd_bench(a) -> int:
     impls = select(a.impl)
     profile_ns = _ints(a.profile_n, "--profile-n") if a.profile else None
     out = _output_dir(a.out or default_out_dir(torch.cuda.get_device_name(0)), "--out")
-    _refuse_to_overwrite(out, a)
+    if not a.out:  # the default folder (named by the GPU) is known only now
+        _refuse_to_overwrite(out, a)
     command = "normbench " + " ".join(shlex.quote(x) for x in sys.argv[1:])
     from .bench import CudaTimer
 

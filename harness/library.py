@@ -284,14 +284,17 @@ def _eager(op: Op, fwd_run, bwd_run, bwd_overload):
 
     Why a twin: a Python custom op pays its dispatch (autograd wrapper, redispatch, the dynamo guard
     around its body) on every call. Measured on an H100 at 4 x 4096 (bf16), a forward and backward
-    through the custom ops cost 760-1460 us of host time against 160 us for
+    through the custom ops cost 757-1594 us of host time against 160 us for
     torch.nn.functional.rms_norm (``reports/nvidia-h100/2026-11-24/overhead-4x4096-bf16.json``), which
     made every small model slower with a faster kernel. Outside torch.compile nothing needs the op to
     be opaque, so eager calls take this twin; compiled code still sees the custom ops. A backward run
     with create_graph=True goes through the backward custom op, whose registered autograd raises the
     double-backward error."""
-    backward_fast, setup_context = _autograd(op, bwd_run)
-    backward_graph, _ = _autograd(op, bwd_overload)
+
+    def bwd(*values):
+        return (bwd_overload if torch.is_grad_enabled() else bwd_run)(*values)
+
+    backward, setup_context = _autograd(op, bwd)
 
     class Eager(torch.autograd.Function):
         @staticmethod
@@ -302,7 +305,7 @@ def _eager(op: Op, fwd_run, bwd_run, bwd_overload):
 
         @staticmethod
         def backward(ctx, *grads):
-            return (backward_graph if torch.is_grad_enabled() else backward_fast)(ctx, *grads)
+            return backward(ctx, *grads)
 
     Eager.__name__ = Eager.__qualname__ = f"{op.name}_eager"
     return Eager.apply
