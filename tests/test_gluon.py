@@ -15,7 +15,7 @@ from harness.contract import DTYPES
 from harness.inputs import make_case
 from harness.shapes import SHAPE_SETS
 
-from .compile_only_cases import CALLS, REGIMES, assert_compile_only_launches_nothing, inputs
+from .gpu_only_dsl import CALLS, REGIMES, assert_compile_only_launches_nothing, assert_overflowed_rows_are_nan, inputs
 from .conftest import DEVICE, HAS_CUDA
 
 pytestmark = pytest.mark.skipif(
@@ -271,19 +271,4 @@ def test_overflowing_statistics_give_nan_not_a_finite_value(contract, op, n):
     N = 64; at N = 20001 it returns the bias, a finite wrong value), its rms_norm returns 0: here both
     give NaN in y and, through the saved rstd, in dx, at every N; the rows beside stay finite."""
     _, k = contract
-    g = torch.Generator(device=DEVICE).manual_seed(5)
-    x = torch.randn(3, n, generator=g, device=DEVICE)
-    x[1] *= 1e30
-    x = x.to(torch.bfloat16)
-    dy = torch.randn(3, n, generator=g, device=DEVICE).to(torch.bfloat16)
-    w = torch.ones(n, device=DEVICE, dtype=torch.bfloat16)
-    b = torch.full((n,), 0.5, device=DEVICE, dtype=torch.bfloat16)
-    if op == "layernorm":
-        y, mean, rstd = k.layernorm_fwd(x, w, b, 1e-5)
-        dx = k.layernorm_bwd(dy, x, w, mean, rstd)[0]
-    else:
-        y, rstd = k.rmsnorm_fwd(x, w, 1e-5)
-        dx = k.rmsnorm_bwd(dy, x, w, rstd)[0]
-    for name, t in (("y", y), ("dx", dx)):
-        assert not torch.isfinite(t[1]).any(), f"{name}: an overflowed row came back finite"
-        assert torch.isfinite(t[[0, 2]]).all(), f"{name}: a row beside the overflowed one is not finite"
+    assert_overflowed_rows_are_nan(k, op, n, DEVICE)

@@ -1,6 +1,7 @@
-"""What the compile-only tests of GPU-only DSLs (Gluon, cuTile) feed their kernels: one shape per row
-regime, the shared drawn tensors made on the CPU, and one call per op and direction of the contract
-(plus the optional-argument variants), so that every kernel a GPU would launch gets compiled."""
+"""What the tests of the GPU-only DSLs (Gluon, cuTile) share. Compiled without a GPU: one shape per
+row regime, the shared drawn tensors made on the CPU, and one call per op and direction of the
+contract (plus the optional-argument variants), so that every kernel a GPU would launch gets
+compiled. Run: rows whose squares overflow fp32 give NaN, never a finite value."""
 
 import pytest
 import torch
@@ -44,3 +45,24 @@ def assert_compile_only_launches_nothing(k):
     assert len(compiled) == 1
     with pytest.raises(Exception):
         k.rmsnorm_fwd(x, None, 1e-5)
+
+
+def assert_overflowed_rows_are_nan(k, op: str, n: int, device: str) -> None:
+    """bf16 rows near 1e30: x^2 overflows fp32. y and, through the saved rstd, dx are NaN in that
+    row; the rows beside stay finite."""
+    g = torch.Generator(device=device).manual_seed(5)
+    x = torch.randn(3, n, generator=g, device=device)
+    x[1] *= 1e30
+    x = x.to(torch.bfloat16)
+    dy = torch.randn(3, n, generator=g, device=device).to(torch.bfloat16)
+    w = torch.ones(n, device=device, dtype=torch.bfloat16)
+    b = torch.full((n,), 0.5, device=device, dtype=torch.bfloat16)
+    if op == "layernorm":
+        y, mean, rstd = k.layernorm_fwd(x, w, b, 1e-5)
+        dx = k.layernorm_bwd(dy, x, w, mean, rstd)[0]
+    else:
+        y, rstd = k.rmsnorm_fwd(x, w, 1e-5)
+        dx = k.rmsnorm_bwd(dy, x, w, rstd)[0]
+    for name, t in (("y", y), ("dx", dx)):
+        assert not torch.isfinite(t[1]).any(), f"{name}: an overflowed row came back finite"
+        assert torch.isfinite(t[[0, 2]]).all(), f"{name}: a row beside the overflowed one is not finite"
