@@ -181,15 +181,6 @@ WEIGHTS = ("same", "fp32", "offset")
 OFFSET = 1.0
 
 
-def effective_weight(weight, offset: float = 0.0):
-    """The weight the kernels see for ``y = xhat * (offset + w)``: ``w`` as is when ``offset`` is 0,
-    else ``w.float() + offset`` (fp32, so a small w survives the add; dweight is unchanged, the
-    gradient of the sum with respect to w)."""
-    if weight is None or not offset:
-        return weight
-    return weight.float() + offset
-
-
 def check_weights(name: str) -> str:
     if name not in WEIGHTS:
         raise ValueError(f"unknown weights variant '{name}'; known: {', '.join(WEIGHTS)}")

@@ -4,7 +4,6 @@ README's leaderboard section, regenerated from the newest report (never edited b
 from __future__ import annotations
 
 import csv
-import json
 import re
 from pathlib import Path
 

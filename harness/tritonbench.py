@@ -31,7 +31,6 @@ Metrics added to the operators (ask for them with ``--metrics``; ``accuracy`` br
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import math

@@ -7,7 +7,6 @@ elsewhere."""
 import importlib.util
 import json
 import os
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -19,7 +18,6 @@ if not torch.cuda.is_available():
     # before triton is first imported, not merely before our kernels are.
     os.environ["TRITON_INTERPRET"] = "1"
 
-from harness import reference  # noqa: E402
 from harness.checker import compare, poisoned_allocations, run_check  # noqa: E402
 from harness.contract import DTYPES, Implementation, package  # noqa: E402
 from harness.inputs import make_case  # noqa: E402
@@ -36,34 +34,11 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 def _kernels(fwd_cfg, bwd_cfg):
     """The contract functions pinned to explicit configs, behind the harness's own input handling
-    (reshaping, M = 0), for run_check."""
-    from harness.contract import _checked
-
+    (reshaping, M = 0), for run_check: what ``normbench tune`` checks each candidate with."""
     IMPL.kernels(DEVICE)  # sets TRITON_INTERPRET on the CPU before the module is imported
-    from impls.triton import norm_kernels as K
+    from impls.triton.tune import pinned_kernels
 
-    def rmsnorm_fwd(x, w, eps):
-        y, _, rstd, _ = K.norm_fwd(x, w, None, eps, False, fwd_cfg)
-        return y, rstd
-
-    def rmsnorm_bwd(dy, x, w, rstd):
-        return K.norm_bwd(dy, x, w, None, rstd, False, bwd_cfg)[:2]
-
-    def layernorm_fwd(x, w, b, eps):
-        return K.norm_fwd(x, w, b, eps, True, fwd_cfg)[:3]
-
-    def layernorm_bwd(dy, x, w, mean, rstd):
-        return K.norm_bwd(dy, x, w, mean, rstd, True, bwd_cfg)
-
-    def add_rmsnorm_fwd(x, residual, w, eps):
-        y, _, rstd, h = K.norm_fwd(x, w, None, eps, False, fwd_cfg, residual=residual)
-        return y, h, rstd
-
-    def add_rmsnorm_bwd(dy, dres, h, w, rstd):
-        return K.norm_bwd(dy, h, w, None, rstd, False, bwd_cfg, dresidual=dres)[:2]
-
-    fns = (rmsnorm_fwd, rmsnorm_bwd, layernorm_fwd, layernorm_bwd, add_rmsnorm_fwd, add_rmsnorm_bwd)
-    return SimpleNamespace(**{fn.__name__: _checked(IMPL, fn.__name__, fn) for fn in fns})
+    return pinned_kernels(IMPL, fwd_cfg, bwd_cfg)
 
 
 def check(kernels, op_name, direction, shape, dtype="bf16", weight_dtype=None, dresidual=True, seed=0):
@@ -177,6 +152,51 @@ def test_fused_add_borrows_rmsnorm_configs(monkeypatch):
     # a table of its own, once measured, wins
     monkeypatch.setattr(C, "_PINNED", {"GPU X": {"rmsnorm_fwd": by_n, "add_rmsnorm_fwd": {"65536": {"rows": 2}}}})
     assert C.lookup("GPU X", "add_rmsnorm", "fwd", 65536) == C.Config(rows=2)
+
+
+def test_fp32_weights_take_one_row_per_reread_tile():
+    """Two-row re-read tiles spill with an fp32 weight beside 16-bit rows (sm90a_resources.txt);
+    everything else keeps the config measured with weights of x's dtype."""
+    two = C.Config(rows=2, warps=16, reread=True)
+    assert C.for_weight(two, "bwd", torch.float32, torch.bfloat16) == C.Config(rows=1, warps=16, reread=True)
+    assert C.for_weight(two, "bwd", torch.bfloat16, torch.bfloat16) == two
+    assert C.for_weight(two, "bwd", torch.float32, torch.float32) == two  # fp32 rows: measured so
+    for cfg in (C.Config(rows=2, warps=8), C.Config(rows=1, warps=16, slice=8192, row_sums=True)):
+        assert C.for_weight(cfg, "bwd", torch.float32, torch.float16) == cfg
+    assert C.for_weight(C.Config(rows=2, reread=True), "fwd", torch.float32, torch.bfloat16).rows == 2
+
+
+def _job(op, direction, n, times: dict):
+    """A tuning job's result: {config: ms}, the fastest as best."""
+    tried = [{**cfg.to_json(), "check": "pass", "ms": ms} for cfg, ms in times.items()]
+    return {"op": op, "direction": direction, "n": n, "tried": tried, "best": min(tried, key=lambda r: r["ms"])}
+
+
+def test_tuning_pins_the_bucket_winner_and_exact_n_only_past_the_noise(tmp_path, monkeypatch):
+    from impls.triton import tune
+
+    a, b, c = C.Config(rows=1, warps=8), C.Config(rows=2, warps=16, reread=True), C.Config(rows=1, warps=16)
+    results = [
+        _job("rmsnorm", "bwd", 8192, {a: 1.0, b: 1.1}),  # the bucket's own N: its winner is the bucket's
+        _job("rmsnorm", "bwd", 5120, {a: 1.0, b: 0.5}),  # a wins the bucket, but b is 2x faster here
+        _job("rmsnorm", "bwd", 7168, {a: 1.01, b: 1.0}),  # within the noise: no exact-N entry
+        _job("rmsnorm", "bwd", 2880, {c: 0.3, a: 0.4}),  # no power of two in the bucket: its widest N
+        _job("rmsnorm", "fwd", 1024, {a: 1.0}),
+        {"op": "rmsnorm", "direction": "fwd", "n": 2048, "tried": [], "best": None, "error": "boom"},
+    ]
+    tables = tune.winners(results)
+    assert tables == {"rmsnorm_bwd": {"8192": a.to_json(), "5120": b.to_json(), "4096": c.to_json()},
+                      "rmsnorm_fwd": {"1024": a.to_json()}}  # fmt: skip
+    path = tmp_path / "norm_configs.json"
+    path.write_text(json.dumps({"_doc": "x", "GPU Y": {"rmsnorm_fwd": {"16": {"rows": 4}}},
+                                "GPU X": {"rmsnorm_bwd": {"16": {"rows": 4}}, "layernorm_fwd": {"16": {"rows": 3}}}}))  # fmt: skip
+    monkeypatch.setattr(C, "CONFIG_FILE", str(path))
+    monkeypatch.setattr(C, "_PINNED", None)
+    tune.pin("GPU X", tables)
+    data = json.loads(path.read_text())
+    assert data["GPU X"]["rmsnorm_bwd"] == tables["rmsnorm_bwd"]  # replaced as a whole
+    assert data["GPU X"]["layernorm_fwd"] == {"16": {"rows": 3}} and data["GPU Y"] == {"rmsnorm_fwd": {"16": {"rows": 4}}}
+    assert C.lookup("GPU X", "rmsnorm", "bwd", 5120) == b and C.lookup("GPU X", "rmsnorm", "bwd", 7168) == a
 
 
 def test_unknown_gpu_falls_back_to_the_heuristic():

@@ -15,6 +15,6 @@ IMPLEMENTATIONS = [
         requires=(package("triton"),),
         interpreter="TRITON_INTERPRET",
         sources=("impls/triton/norm_kernels.py", "impls/triton/norm_configs.py", "impls/triton/norm_configs.json"),
-        hooks={"tune": "impls.triton.norm_kernels:tune", "config_source": "impls.triton.norm_configs:source"},
+        hooks={"tune": "impls.triton.tune:tune", "config_source": "impls.triton.norm_configs:source"},
     )
 ]

@@ -44,10 +44,8 @@ config by more than the noise); it takes precedence over the bucket. The tables 
 alone, not dtype: the register footprint is fp32 whatever the input dtype (the autotune cache
 is keyed by x's dtype, the bytes of a row, whatever the weight's). The fused add + RMSNorm borrows
 RMSNorm's tables and heuristic, adapted (``BORROWS``), until it is measured on its own.
-Known gap: the tables were measured with weights of x's dtype. With fp32 weights, an sm_90a build
-(``sm90a_build``, ``sm90a_resources.txt``) of the H200 configs spills 112-224 bytes per thread in
-the re-read backward (N = 5120-16384) and 40 in the whole-row forward at N = 32768, RMSNorm and
-the fused add alike; not re-measured with fp32 weights yet.
+The tables were measured with weights of x's dtype; ``for_weight`` adapts a backward config to an
+fp32 weight beside 16-bit rows (see there).
 """
 
 from __future__ import annotations
@@ -221,6 +219,22 @@ def pinned(gpu: str, op: str, direction: str, n: int) -> Config | None:
     table = tables.get(f"{op}_{direction}", {})
     entry = table.get(str(n)) or table.get(str(bucket(n)))
     return Config(**entry) if entry else None
+
+
+def for_weight(cfg: Config, direction: str, weight_dtype, x_dtype) -> Config:
+    """A config measured with weights of x's dtype, as an fp32 weight beside 16-bit rows runs it.
+
+    Built for sm_90a (``sm90a_build --weight-dtype fp32``, ``sm90a_resources.txt``), the H200
+    table's two-row re-read backward (N = 5120-8192) spills 112-120 bytes per thread with an fp32
+    weight where its bf16 twin spills 0-8, and an H100 ran the fused add's backward 3.7x slower
+    there (reports/nvidia-h100/2026-11-24/add_rmsnorm-weights/). One row per tile builds with no
+    spill (113-115 registers): the re-read backward takes one row per tile with an fp32 weight.
+    Loading the weight as volatile (no hoisting out of the row loop) changed nothing: the spill is
+    the fp32 weight tile itself, twice as wide as bf16's. The forward builds spill-free up to
+    N = 16384 with either weight and is left alone."""
+    if direction == "bwd" and cfg.reread and cfg.rows > 1 and weight_dtype == torch.float32 and x_dtype != torch.float32:
+        return replace(cfg, rows=1)
+    return cfg
 
 
 # ------------------------------------------------------------------------------ choosing

@@ -24,9 +24,10 @@ from the unfused pair's, and a backward (which only sees residual_out) inconsist
 forward. So h is rounded once, stored, and the statistics and y are computed from h as stored.
 
 Weights and biases come in x's dtype or in fp32 (mixed precision): each is loaded through its own
-pointer type and upcast, so an fp32 weight costs 4 bytes a column instead of 2 and nothing else;
-dw and db are reduced in fp32 whatever their dtype and rounded once to the weight's. Configs are
-chosen by x's dtype (the bytes of a row), not the weight's.
+pointer type and upcast, so an fp32 weight costs 4 bytes a column instead of 2; dw and db are
+reduced in fp32 whatever their dtype and rounded once to the weight's. Configs are chosen by x's
+dtype (the bytes of a row), except that the re-read backward takes one row per tile with an fp32
+weight beside 16-bit rows (``norm_configs.for_weight``: two rows spill there).
 
 A row whose sum of squares overflows fp32 (|x| from ~1e19 up) would get rstd = rsqrt(inf) = 0 and
 y = 0 (or the bias): finite and wrong. Its rstd is NaN instead, so y and dx are NaN there, as
@@ -67,14 +68,13 @@ truncates, so residual_out is rounded by hand there (``_round_to``).
 
 from __future__ import annotations
 
-import json
 import os
 
 import torch
 import triton
 import triton.language as tl
 
-from .norm_configs import Config, bucket, candidates, choose, device_name, search, sm_count
+from .norm_configs import Config, bucket, choose, for_weight, sm_count
 
 # Running under the CPU interpreter (its fp32 -> bf16 conversion truncates: see ``_round_to``).
 INTERPRETED = tl.constexpr(os.environ.get("TRITON_INTERPRET", "0") == "1")
@@ -573,7 +573,10 @@ def norm_bwd(dy, x, weight, mean, rstd, layernorm: bool, config: Config | None =
     def launch(cfg: Config):
         return launch_bwd(cfg, dy, x, weight, mean, rstd, layernorm, dx, sums, dresidual)
 
-    launch(config or choose(op_name(layernorm, dresidual is not None), "bwd", N, x.device, launch, x.dtype))
+    if config is None:
+        config = choose(op_name(layernorm, dresidual is not None), "bwd", N, x.device, launch, x.dtype)
+        config = for_weight(config, "bwd", weight.dtype if has_weight else x.dtype, x.dtype)
+    launch(config)
     dw = sums[0] if has_weight else None
     db = sums[n_sums - 1] if layernorm else None
     return dx, dw, db
@@ -606,37 +609,3 @@ def add_rmsnorm_fwd(x, residual, weight, eps):
 def add_rmsnorm_bwd(dy, dresidual_out, residual_out, weight, rstd):
     dh, dw, _ = norm_bwd(dy, residual_out, weight, None, rstd, layernorm=False, dresidual=dresidual_out)
     return dh, dw
-
-
-# ============================================================================ `normbench tune`
-def tune(op, shapes, dtype, log_dir=None) -> dict:
-    """Search ``candidates()`` on each shape (CUDA); returns the winners in ``norm_configs.json``'s
-    layout, {gpu: {"<op>_<direction>": {bucket: config}}}, for pinning."""
-    from harness.contract import DTYPES
-    from harness.inputs import make_case
-
-    layernorm = op == "layernorm"
-    gpu = device_name(torch.device("cuda"))
-    out: dict = {}
-    for shape in shapes:
-        case = make_case(op, shape, DTYPES[dtype] if isinstance(dtype, str) else dtype, "cuda")
-        x, w, b, eps = case["x"].reshape(-1, shape.n), case["weight"], case["bias"], case["eps"]
-        dy = case["dy"].reshape(-1, shape.n)
-        residual = dres = None
-        if op == "add_rmsnorm":  # (dy stands in where the drawn inputs lack these: only time matters)
-            residual = case.get("residual", case["dy"]).reshape(-1, shape.n)
-            dres = case.get("dresidual_out", case["dy"]).reshape(-1, shape.n)
-        y, mean, rstd, h = norm_fwd(x, w, b, eps, layernorm, residual=residual)
-        saved = x if h is None else h  # what the backward reads: x, or residual_out
-        runs = {
-            "fwd": lambda cfg: norm_fwd(x, w, b, eps, layernorm, config=cfg, residual=residual),
-            "bwd": lambda cfg: norm_bwd(dy, saved, w, mean, rstd, layernorm, config=cfg, dresidual=dres),
-        }
-        for direction, run in runs.items():
-            best, times = search(run, candidates(direction, shape.n))
-            out.setdefault(gpu, {}).setdefault(f"{op}_{direction}", {})[str(bucket(shape.n))] = best.to_json()
-            if log_dir:
-                os.makedirs(log_dir, exist_ok=True)
-                with open(os.path.join(log_dir, f"triton_{op}_{direction}_{shape.label}.json"), "w") as f:
-                    json.dump([{**c.to_json(), "ms": t} for c, t in times.items()], f, indent=1)
-    return out

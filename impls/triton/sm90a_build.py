@@ -22,6 +22,7 @@ import tempfile
 
 os.environ.pop("TRITON_INTERPRET", None)  # compiled kernels, not the interpreter's
 
+import torch  # noqa: E402
 import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
@@ -32,6 +33,7 @@ from . import norm_kernels as K  # noqa: E402
 TARGET = GPUTarget("cuda", 90, 32)
 REGISTERS_PER_SM = 65536
 CUOBJDUMP = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 FLAGS = {"rmsnorm": (False, False), "layernorm": (True, False), "add_rmsnorm": (False, True)}  # LAYERNORM, fused
 
 
@@ -99,7 +101,10 @@ def main(argv=None) -> int:
             for op in a.ops.split(","):
                 if op not in FLAGS:
                     raise SystemExit(f"unknown op {op!r}; known: {', '.join(FLAGS)}")
-                cfg = C.Config(**json.loads(a.config)) if a.config else C.lookup(a.gpu, op, direction, n)
+                if a.config:
+                    cfg = C.Config(**json.loads(a.config))
+                else:  # what a launch with these dtypes runs (``for_weight``)
+                    cfg = C.for_weight(C.lookup(a.gpu, op, direction, n), direction, DTYPES[a.weight_dtype], DTYPES["bf16"])
                 regs, stack = resources(build_config(op, direction, n, cfg, w_dtype=a.weight_dtype))
                 fit = REGISTERS_PER_SM // (-(-regs // 8) * 8 * 32 * cfg.warps)
                 wanted = cfg.programs_per_sm if direction == "bwd" or cfg.persistent else 1
