@@ -42,11 +42,13 @@ def test_override_forces_a_table_or_the_heuristic(monkeypatch):
 
 def test_triton_reads_the_borrowed_table_and_says_where_from(monkeypatch):
     h200 = "NVIDIA H200"
+    # the first tuned table of the same capability, in name order
+    first = sorted(g for g in C.pinned_table() if tuned.CAPABILITY.get(g) == (9, 0))[0]
     for n in (1024, 2880, 16384, 262144):
         for direction in ("fwd", "bwd"):
-            own = C.pinned(h200, "rmsnorm", direction, n)
-            cfg, how = C.resolve("NVIDIA H100 80GB HBM3", "rmsnorm", direction, n, (9, 0))
-            assert (cfg, how) == (own, "borrowed from NVIDIA H200 (sm_90)")
+            assert C.resolve(h200, "rmsnorm", direction, n, (9, 0)) == (C.pinned(h200, "rmsnorm", direction, n), "tuned")
+            cfg, how = C.resolve("NVIDIA H800", "rmsnorm", direction, n, (9, 0))
+            assert (cfg, how) == (C.pinned(first, "rmsnorm", direction, n), f"borrowed from {first} (sm_90)")
             cfg, how = C.resolve("NVIDIA B200", "rmsnorm", direction, n, (10, 0))
             assert (cfg, how) == (C.heuristic(direction, n), "heuristic")
     monkeypatch.setenv(tuned.ENV, "heuristic")

@@ -34,7 +34,8 @@ Where a config comes from, in order:
    is seen in this process; the winner is cached for the rest of the process.
 2. ``norm_configs.json``: the winners measured per GPU (bf16, the sweep shapes), by the name
    ``torch.cuda.get_device_name`` reports; a GPU without a table of its own reads that of a tuned
-   GPU of the same compute capability (``harness.tuned``: an H100 reads the H200's).
+   GPU of the same compute capability (``harness.tuned``: an H800 reads the H100's). ``normbench
+   tune --impl triton`` (``tune``) writes a GPU's table.
 3. ``heuristic()``: for a GPU of an architecture with no table (and ``interpreter_config()`` for
    the CPU interpreter).
 
@@ -43,7 +44,8 @@ the same kernel. A table may also hold an exact N (a sweep point whose own best 
 config by more than the noise); it takes precedence over the bucket. The tables are keyed by N
 alone, not dtype: the register footprint is fp32 whatever the input dtype (the autotune cache
 is keyed by x's dtype, the bytes of a row, whatever the weight's). The fused add + RMSNorm borrows
-RMSNorm's tables and heuristic, adapted (``BORROWS``), until it is measured on its own.
+RMSNorm's tables and heuristic, adapted (``BORROWS``), on a GPU where it was not tuned on its own
+(the H200; the H100's table has its own add_rmsnorm entries).
 The tables were measured with weights of x's dtype; ``for_weight`` adapts a backward config to an
 fp32 weight beside 16-bit rows (see there).
 """
