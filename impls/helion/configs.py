@@ -198,33 +198,43 @@ _COMPILED: dict[tuple, object] = {}
 _EAGER: dict[str, Kernel] = {}
 
 
-def lookup_n(n: int, rows: float) -> int:
-    """The row length whose config a kernel staging ``rows`` times the entry's row tensors takes."""
-    return n if rows == 1.0 else max(1, int(n * rows))
-
-
 # the row tensors a direction of an op stages, over its entry point's (see choose)
 FUSED_ADD_ROWS = {"fwd": 1.0, "bwd": 1.5}
+# Up to this N the fused add's backward runs RMSNorm's own config at N (see fused_pinned)
+FUSED_OWN_CONFIG_MAX_N = 4096
+
+
+def fused_pinned(entry: str, n: int, dtype: str, gpu: str, capability, rows: float) -> Pinned:
+    """The config of a kernel staging ``rows`` times the row tensors ``entry`` was tuned with: the
+    fused add's backward stages dresidual_out beside dy and residual_out (1.5). Where RMSNorm's
+    config at N keeps whole rows resident and N > FUSED_OWN_CONFIG_MAX_N, it takes the config of
+    rows 1.5x as long instead (as fp32 takes that of rows twice as long). Measured on an H100 (bf16
+    sweep, % of copy bandwidth, RMSNorm's config at N -> that of 1.5 N): N = 5120 59 -> 75, 7168
+    82 -> 86, 8192 92 -> 90, and at 16384 RMSNorm's own asked 262 KB of shared memory (the limit is
+    227 KB) and did not launch, 1.5 N's ran at 63; but N = 1024-2880 fell from 82-87 to 40-65, and
+    the column-split kernel of N = 262144 from 65 to 53 (reports/nvidia-h100/2026-11-24/
+    add_rmsnorm-weights/ and add_rmsnorm-weights-fixed/)."""
+    own = pinned(entry, n, dtype, gpu, capability)
+    if rows == 1.0 or n <= FUSED_OWN_CONFIG_MAX_N or not own.kernel.endswith("_bwd_resident"):
+        return own
+    return pinned(entry, max(1, int(n * rows)), dtype, gpu, capability)
 
 
 def choose(entry: str, x: torch.Tensor, rows: float = 1.0) -> Pinned:
     """The pinned choice for ``entry`` on inputs like ``x`` (M, N). ``rows``: the row tensors the
     kernel stages per row, over what the entry was tuned with: the fused add's backward stages
-    dresidual_out beside dy and residual_out (1.5), so it takes the config of rows 1.5x as long, as
-    fp32 takes that of rows twice as long. On an H100, RMSNorm's tuned backward at N = 16384 asked
-    262 KB of shared memory of the fused backward (the limit is 227 KB) and failed to launch
-    (reports/nvidia-h100/2026-11-24/add_rmsnorm-weights/)."""
+    dresidual_out beside dy and residual_out (1.5), so it may take the config of rows 1.5x as long, as
+    fp32 takes that of rows twice as long, where that is measured to pay (``fused_pinned``)."""
     key = (entry, x.dtype, x.shape[1], x.device, rows)
     choice = _CHOICE.get(key)
     if choice is None:
-        n = lookup_n(x.shape[1], rows)
         if x.device.type != "cuda":
             # Eager reference mode runs kernel bodies as PyTorch ops on whole tensors: block sizes
             # play no part; take the variant the default would.
             choice = _CHOICE[key] = default_config(entry, x.shape[1])
         else:
             gpu = torch.cuda.get_device_name(x.device)
-            choice = _CHOICE[key] = pinned(entry, n, DTYPE_NAMES[x.dtype], gpu, capability_of(x.device))
+            choice = _CHOICE[key] = fused_pinned(entry, x.shape[1], DTYPE_NAMES[x.dtype], gpu, capability_of(x.device), rows)
     if x.device.type != "cuda" or not FEW_ROWS_RULE or not choice.kernel.endswith("_bwd_resident"):
         return choice
     few_key = (*key, x.shape[0])
@@ -240,9 +250,8 @@ def source(op: str, direction: str, n: int, dtype: str, device) -> str:
     if getattr(device, "type", device) != "cuda":
         return "interpreter"
     entry = f"{'rmsnorm' if op == 'add_rmsnorm' else op}_{direction}"
-    if op == "add_rmsnorm":  # the benchmark's backward has a dresidual_out
-        n = lookup_n(n, FUSED_ADD_ROWS[direction])
-    return pinned(entry, n, dtype, torch.cuda.get_device_name(device), capability_of(device)).source
+    rows = FUSED_ADD_ROWS[direction] if op == "add_rmsnorm" else 1.0  # the benchmark's backward has a dresidual_out
+    return fused_pinned(entry, n, dtype, torch.cuda.get_device_name(device), capability_of(device), rows).source
 
 
 def _arg_key(a):
