@@ -490,3 +490,45 @@ def test_fused_add_backward_takes_the_config_of_longer_rows_where_measured_to_pa
         assert pick(5120, 1.5) == own(7680) != own(5120)
         for n in (1024, 2048, 2880, 4096, 32768, 262144):
             assert pick(n, 1.5) == own(n), n
+
+
+def test_fused_add_backward_takes_longer_rows_configs_when_a_config_does_not_fit(monkeypatch):
+    """A resident config that asks more shared memory than the fused backward gets (OutOfResources
+    at launch) gives way to the config of rows twice as long, down to the split kernel; the factor
+    that fits is remembered; a failure with nothing smaller to take is raised."""
+    from triton.runtime.errors import OutOfResources
+
+    resident = configs.Pinned(rmsnorm.rmsnorm_bwd_resident.name, {"block_sizes": [1, 1]}, "test")
+    split = configs.default_config("rmsnorm_bwd", 40000)  # the column-split kernel
+    assert split.kernel == rmsnorm.rmsnorm_bwd_split.name
+    asked = []
+
+    def choose(entry, x, rows=1.0):
+        asked.append(rows)
+        return resident if rows < 3 else split
+
+    real_launch = rmsnorm.launch
+
+    def launch(kernel, config, *args):
+        if kernel.name == resident.kernel:
+            raise OutOfResources(262280, 232448, "shared memory")
+        return real_launch(kernel, config, *args)
+
+    monkeypatch.setattr(rmsnorm, "choose", choose)
+    monkeypatch.setattr(rmsnorm, "launch", launch)
+    monkeypatch.setattr(rmsnorm, "_FITS", {})
+    case = make_case("add_rmsnorm", Shape((8, 96)), torch.float32, "cpu")
+    dy, dres, h, w = case["dy"], case["dresidual_out"], case["x"], case["weight"]
+    rstd = torch.rsqrt(h.square().mean(-1) + 1e-6)
+    dh, dw = rmsnorm.add_rmsnorm_bwd(dy, dres, h, w, rstd)
+    assert asked == [1.5, 3.0] and list(rmsnorm._FITS.values()) == [3.0]
+    xhat = h * rstd[:, None]
+    g = dy * w
+    expected = (g - xhat * (g * xhat).mean(-1, keepdim=True)) * rstd[:, None] + dres
+    torch.testing.assert_close(dh, expected, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(dw, (dy * xhat).sum(0), rtol=1e-4, atol=1e-4)
+    rmsnorm.add_rmsnorm_bwd(dy, dres, h, w, rstd)
+    assert asked[2:] == [3.0]  # remembered: no second failing launch
+    monkeypatch.setattr(rmsnorm, "choose", lambda entry, x, rows=1.0: resident)
+    with pytest.raises(OutOfResources):  # nothing smaller to take
+        rmsnorm.add_rmsnorm_bwd(dy, dres, h[:4].contiguous(), w, rstd[:4])

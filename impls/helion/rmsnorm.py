@@ -67,6 +67,7 @@ from __future__ import annotations
 
 import helion.language as hl
 import torch
+from triton.runtime.errors import OutOfResources
 
 from .configs import FUSED_ADD_ROWS, choose, launch
 from .imports import RefMode, kernel
@@ -196,9 +197,31 @@ def rmsnorm_fwd(x, weight, eps):
     return launch(rmsnorm_fwd_kernel, choose("rmsnorm_fwd", x).config, x, None, None, weight, eps)
 
 
+# (N, dtype, device, with dresidual_out) -> the row factor whose config fits (see add_rmsnorm_bwd)
+_FITS: dict = {}
+
+
 def add_rmsnorm_bwd(dy, dresidual_out, residual_out, weight, rstd):
-    choice = choose("rmsnorm_bwd", residual_out, rows=FUSED_ADD_ROWS["bwd"] if dresidual_out is not None else 1.0)
-    x = residual_out
+    """A config tuned for RMSNorm's two row tensors can ask more shared memory than the fused
+    backward's three get (an H100, fp32 rows at N = 5120: 262 KB of 227 KB): then the config of
+    rows twice as long is taken, down to the column-split kernel, and remembered per N and dtype."""
+    key = (residual_out.shape[-1], residual_out.dtype, residual_out.device, dresidual_out is not None)
+    rows = _FITS.get(key, FUSED_ADD_ROWS["bwd"] if dresidual_out is not None else 1.0)
+    failed = None
+    while True:
+        choice = choose("rmsnorm_bwd", residual_out, rows=rows)
+        try:
+            out = _bwd(choice, dy, dresidual_out, residual_out, weight, rstd)
+        except OutOfResources:
+            if choice.kernel == rmsnorm_bwd_split.name or choice == failed:  # nothing smaller to take
+                raise
+            failed, rows = choice, rows * 2
+            continue
+        _FITS[key] = rows
+        return out
+
+
+def _bwd(choice, dy, dresidual_out, x, weight, rstd):
     if choice.kernel == rmsnorm_bwd_split.name:
         c = launch(rmsnorm_bwd_row_sums, choice.first_pass, dy, x, weight, rstd)
         dx, dw_partial = launch(rmsnorm_bwd_split, choice.config, dy, dresidual_out, x, weight, rstd, c)
