@@ -5,7 +5,8 @@
   that failed its check or raised counts as attempted, never as passed; unavailable ones as neither);
 * speedup vs eager = geometric mean of eager's time / its time over the points both passed;
 * per-shape winner: the fastest passed point at each shape;
-* per DSL: the best-scoring implementation of each DSL side by side.
+* per DSL: the best-scoring implementation of each DSL side by side (one measured on every shape
+  before one measured on some).
 
 Points of another weight variant than "same" (fp32 parameters, the Gemma offset) are ranked apart:
 their ``dtype`` axis reads "bf16+fp32" / "bf16+offset" (``precision``), so every table, plot and
@@ -99,13 +100,22 @@ def winners(rows: list[dict], op: str, direction: str, shape_set: str = "sweep",
     return out
 
 
+def shapes_in(rows: list[dict], op: str, direction: str, shape_set: str = "sweep", dtype: str = "bf16") -> int:
+    """How many shapes the section holds (measured by any implementation)."""
+    return len({r["shape"] for r in _rows(rows, op, direction, shape_set, dtype)})
+
+
 def by_dsl(rows: list[dict], op: str, direction: str, shape_set: str = "sweep", dtype: str = "bf16") -> dict[str, Ranked]:
+    """The best implementation of each DSL. One measured on every shape of the section beats one
+    measured on some only (a run that hit its time limit), whatever their scores: a geomean over
+    the two easiest shapes is no rival for one over all eleven."""
+    shapes = shapes_in(rows, op, direction, shape_set, dtype)
     best: dict[str, Ranked] = {}
     for r in leaderboard(rows, op, direction, shape_set, dtype):
         if r.score is None:
             continue
         cur = best.get(r.dsl)
-        if cur is None or r.score > cur.score:
+        if cur is None or (r.attempted == shapes, r.score) > (cur.attempted == shapes, cur.score):
             best[r.dsl] = r
     return best
 

@@ -189,8 +189,13 @@ def _dsl_section(rows) -> list[str]:
     dsls = sorted({r.dsl for o, d in combos for r in rank.by_dsl(rows, o, d).values()})
     out = ["## Best of each DSL (sweep, bf16): geomean fraction of copy bandwidth", "", "| op / direction | " + " | ".join(dsls) + " |", "|---|" + "---:|" * len(dsls)]
     for o, d in combos:
-        best = rank.by_dsl(rows, o, d)
-        cells = [f"{best[x].score * 100:.1f}% ({best[x].impl})" if x in best else "–" for x in dsls]
+        best, shapes = rank.by_dsl(rows, o, d), rank.shapes_in(rows, o, d)
+
+        def cell(b):
+            partial = f", {b.attempted} of {shapes} shapes" if b.attempted < shapes else ""
+            return f"{b.score * 100:.1f}% ({b.impl}{partial})"
+
+        cells = [cell(best[x]) if x in best else "–" for x in dsls]
         out.append(f"| {o} {d} | " + " | ".join(cells) + " |")
     return out + [""]
 

@@ -75,6 +75,11 @@ def test_ranking_math_geomean_coverage_failures_excluded():
     assert [w["best"]["impl"] for w in win] == ["flaky", "fast"]  # the failed point is never a winner
     best = rank.by_dsl(rows, "rmsnorm", "fwd")
     assert best["x"].impl == "fast" and best["eager"].impl == "eager"
+    # a DSL's implementation measured on one shape only (a run cut short) does not outrank one
+    # measured on every shape, however high its geomean over that shape
+    rows.append(_row("cut-short", 1024, 0.01, frac=9.0))
+    assert rank.by_dsl(rows, "rmsnorm", "fwd")["x"].impl == "fast"
+    assert rank.leaderboard(rows, "rmsnorm", "fwd")[0].impl == "cut-short"  # its own row stays, coverage 1/1
 
 
 def _crasher():

@@ -7,6 +7,7 @@ elsewhere."""
 import importlib.util
 import json
 import os
+from dataclasses import replace
 
 import pytest
 import torch
@@ -152,6 +153,12 @@ def test_fused_add_borrows_rmsnorm_configs(monkeypatch):
     # a table of its own, once measured, wins
     monkeypatch.setattr(C, "_PINNED", {"GPU X": {"rmsnorm_fwd": by_n, "add_rmsnorm_fwd": {"65536": {"rows": 2}}}})
     assert C.lookup("GPU X", "add_rmsnorm", "fwd", 65536) == C.Config(rows=2)
+
+
+def test_forward_candidates_of_a_non_power_of_two_n_include_its_exact_n_twins():
+    whole = [c for c in C.candidates("fwd", 5120) if not c.chunk]
+    assert {c for c in whole if c.exact_n} == {replace(c, exact_n=True) for c in whole if not c.exact_n}
+    assert not any(c.exact_n for c in C.candidates("fwd", 4096) + C.candidates("bwd", 5120))
 
 
 def test_fp32_weights_take_one_row_per_reread_tile():

@@ -141,6 +141,8 @@ def candidates(direction: str, n: int) -> list[Config]:
                     per_thread = rows * b // (32 * warps)
                     if rows * b <= max(b, 16384) and 8 <= per_thread <= 64:
                         out.append(Config(rows=rows, warps=warps))
+            if n != b:  # each also compiled for the exact N: pinned for the LayerNorm forward at 2880-7168 on the H200
+                out += [replace(c, exact_n=True) for c in out]
         if b >= 16384:
             for c in (8192, 16384, 32768):
                 for w in (8, 16, 32):
