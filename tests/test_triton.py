@@ -161,6 +161,17 @@ def test_forward_candidates_of_a_non_power_of_two_n_include_its_exact_n_twins():
     assert not any(c.exact_n for c in C.candidates("fwd", 4096) + C.candidates("bwd", 5120))
 
 
+def test_backward_candidates_of_wide_rows_include_whole_rows_without_prefetch():
+    from impls.triton import tune
+
+    assert C.Config(rows=1, warps=32, prefetch=False) in C.candidates("bwd", 16384)
+    assert all(c.prefetch for c in C.candidates("bwd", 4096))
+    # tables and logs written before the field read the same: it is left out at its default
+    assert "prefetch" not in C.Config(rows=2).to_json()
+    assert C.Config(prefetch=False).to_json()["prefetch"] is False
+    assert tune._config({"rows": 2, "warps": 8, "check": "pass", "ms": 1.0}) == C.Config(rows=2, warps=8)
+
+
 def test_fp32_weights_take_one_row_per_reread_tile():
     """Two-row re-read tiles spill with an fp32 weight beside 16-bit rows (sm90a_resources.txt);
     everything else keeps the config measured with weights of x's dtype."""
@@ -231,6 +242,7 @@ PATHS = {
     "row, M % rows != 0": (C.Config(rows=8), C.Config(rows=8, programs_per_sm=1)),
     "row, re-read": (ROW, C.Config(rows=2, programs_per_sm=2, reread=True)),
     "row, exact N": (C.Config(rows=4, warps=4, exact_n=True), C.Config(rows=2, programs_per_sm=2, reread=True, exact_n=True)),
+    "row, no prefetch": (ROW, C.Config(rows=2, programs_per_sm=3, prefetch=False)),
     "chunked / sliced with row sums": (CHUNKED_FWD, SLICED_BWD),
     "one chunk / slice per row": (C.Config(rows=1, chunk=1024), C.Config(rows=4, slice=2048, row_sums=True, programs_per_sm=2)),
     # 4 slices of 1001 columns, each streamed in 2 tiles by its siblings; 10 row groups
@@ -245,7 +257,7 @@ SHAPES = [Shape((37, 1001)), Shape((2, 5, 130), "column-slice")]
 def test_kernel_paths(path, op, direction):
     kernels = _kernels(*PATHS[path])
     points = [(shape, "bf16", True) for shape in SHAPES]
-    if path in ("chunked / sliced with row sums", "row, re-read", "row, exact N", "sliced, streamed"):
+    if path in ("chunked / sliced with row sums", "row, re-read", "row, exact N", "row, no prefetch", "sliced, streamed"):
         points += [(SHAPES[0], "fp32", True), (SHAPES[0], "bf16", False)]
     for shape, dtype, affine in points:
         r = run_check(IMPL, op, direction, shape, dtype, DEVICE, affine=affine, kernels=kernels)

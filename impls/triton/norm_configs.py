@@ -20,6 +20,8 @@ A ``Config`` says how a kernel walks the (M, N) input:
   slice this wide of a group of rows (rows too wide for one program's dw/db accumulators).
 * ``row_sums``: sliced backward: the row reductions come from a first kernel over every (row,
   slice) instead of each program streaming the rest of its rows.
+* ``prefetch``: backward, whole-row kernel only: load the next row block while computing this one
+  (software pipelining by hand; the default). Off, its registers go to a wider row instead.
 * ``exact_n``: whole-row kernels only: compile for the exact row length (one compile per N instead
   of per bucket), so the vector slots of the padded tile that lie wholly past N vanish at compile
   time rather than being masked at run time. It is no general win: on the H200 (bf16) it took the
@@ -82,9 +84,15 @@ class Config:
     row_sums: bool = False
     persistent: bool = False
     exact_n: bool = False
+    prefetch: bool = True
 
     def to_json(self) -> dict:
-        return asdict(self)
+        """The fields that differ from the defaults of the fields added last (``prefetch``), so that
+        the tables written before them read the same."""
+        out = asdict(self)
+        if self.prefetch:
+            del out["prefetch"]
+        return out
 
 
 def bucket(n: int) -> int:
@@ -161,6 +169,8 @@ def candidates(direction: str, n: int) -> list[Config]:
                     out += [Config(rows=rows, warps=warps, programs_per_sm=p) for p in (1, 2, 4) if p * warps <= 16]
     if 4096 <= b <= 16384:
         out += [Config(rows=r, warps=w, reread=True) for r, w in ((1, 16), (2, 16), (1, 32))]
+    if 8192 <= b <= 16384:  # a whole row per program, its registers not shared with a prefetched one
+        out += [Config(rows=1, warps=w, prefetch=False) for w in (16, 32)]
     if b >= 16384:
         out += [Config(rows=1, warps=16, slice=8192, row_sums=True), Config(rows=1, warps=8, programs_per_sm=2, slice=4096, row_sums=True)]
     if b == 16384:

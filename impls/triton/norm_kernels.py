@@ -38,6 +38,11 @@ How a row is walked (``Config``, chosen per GPU and N bucket in ``norm_configs``
 * whole row: a [ROWS, next_pow2(N)] tile in registers, one read of everything;
 * whole row read twice (backward, ``reread``): the second read, for dx, comes from L1/L2, which
   leaves the registers to the dw/db accumulators (rows of ~8-16K elements);
+* whole row without the prefetch (backward, ``prefetch`` off): the registers of the next row block
+  and of the weight go to the row itself, as in a first-shot LLM kernel that ran the fused backward
+  at 82% of the copy bandwidth at N = 16384 on an H100. A tuning candidate for N = 8192-16384; an
+  sm_90a build still spills 16-64 bytes there (RMSNorm; 152-208 for LayerNorm), and it has not been
+  timed yet;
 * forward, chunked, for rows too wide for registers: pass 1 walks the row in column chunks for the
   statistics, pass 2 walks it again *backwards* to write y, so that it starts on the chunks pass 1
   read last, which are still in L2 (a forward walk would start on the ones evicted first); L2
@@ -285,6 +290,7 @@ def _norm_bwd_row_kernel(
     M, N, stride_dy, stride_x, stride_dres, stride_dx,
     LAYERNORM: tl.constexpr, HAS_WEIGHT: tl.constexpr, HAS_DRESIDUAL: tl.constexpr,
     ROWS: tl.constexpr, BLOCK_N: tl.constexpr, REREAD: tl.constexpr, EXACT_N: tl.constexpr,
+    PREFETCH: tl.constexpr,
 ):  # fmt: skip
     if EXACT_N:  # Config.exact_n (see the forward)
         N = EXACT_N
@@ -292,40 +298,50 @@ def _norm_bwd_row_kernel(
     col_mask = cols < N
     if HAS_WEIGHT:
         w = tl.load(W + cols, mask=col_mask, other=0.0).to(tl.float32)
-    if REREAD:
+    if REREAD or not PREFETCH:
         w_cols = W + cols  # re-read each row instead (L1-resident): its registers go to dw
     dw = tl.zeros([BLOCK_N], dtype=tl.float32)
     db = tl.zeros([BLOCK_N], dtype=tl.float32)
 
     first, last = _row_block_range(M, ROWS, tl.program_id(0), tl.num_programs(0))
     end = tl.minimum(M, last * ROWS)  # rows from here on are the next program's
-    # Software pipelining by hand: the next block's loads are issued before this block's math, so a
-    # program always has a block in flight while it computes. The prefetched values wait in
-    # registers in their storage dtype (for bf16, half the registers of the fp32 math).
+    # Software pipelining by hand (PREFETCH): the next block's loads are issued before this block's
+    # math, so a program always has a block in flight while it computes. The prefetched values wait
+    # in registers in their storage dtype (for bf16, half the registers of the fp32 math). Without
+    # it, those registers go to a wider row (a whole 16384-wide row per program, as a first-shot
+    # LLM kernel that reached 82% there does) and the other programs of the SM hide the latency.
     rows = first * ROWS + tl.arange(0, ROWS)
-    row_mask = rows < end
-    mask = row_mask[:, None] & col_mask[None, :]
-    x_next = tl.load(X + rows.to(tl.int64)[:, None] * stride_x + cols[None, :], mask=mask, other=0.0)
-    dy_next = tl.load(DY + rows.to(tl.int64)[:, None] * stride_dy + cols[None, :], mask=mask, other=0.0)
-    rstd_next = tl.load(RSTD + rows, mask=row_mask, other=0.0)
-    mean_next = tl.load(MEAN + rows, mask=row_mask, other=0.0) if LAYERNORM else rstd_next
+    if PREFETCH:
+        row_mask = rows < end
+        mask = row_mask[:, None] & col_mask[None, :]
+        x_next = tl.load(X + rows.to(tl.int64)[:, None] * stride_x + cols[None, :], mask=mask, other=0.0)
+        dy_next = tl.load(DY + rows.to(tl.int64)[:, None] * stride_dy + cols[None, :], mask=mask, other=0.0)
+        rstd_next = tl.load(RSTD + rows, mask=row_mask, other=0.0)
+        mean_next = tl.load(MEAN + rows, mask=row_mask, other=0.0) if LAYERNORM else rstd_next
     for block in range(first, last):
-        x, dy, rstd, mean = x_next.to(tl.float32), dy_next.to(tl.float32), rstd_next, mean_next
+        if PREFETCH:
+            x, dy, rstd, mean = x_next.to(tl.float32), dy_next.to(tl.float32), rstd_next, mean_next
         mask = (rows < end)[:, None] & col_mask[None, :]
         x_ptrs = X + rows.to(tl.int64)[:, None] * stride_x + cols[None, :]
         dy_ptrs = DY + rows.to(tl.int64)[:, None] * stride_dy + cols[None, :]
         dres_ptrs = DRES + rows.to(tl.int64)[:, None] * stride_dres + cols[None, :]
         dx_ptrs = DX + rows.to(tl.int64)[:, None] * stride_dx + cols[None, :]
+        if not PREFETCH:
+            x = tl.load(x_ptrs, mask=mask, other=0.0).to(tl.float32)
+            dy = tl.load(dy_ptrs, mask=mask, other=0.0).to(tl.float32)
+            rstd = tl.load(RSTD + rows, mask=rows < end, other=0.0)
+            mean = tl.load(MEAN + rows, mask=rows < end, other=0.0) if LAYERNORM else rstd
 
         rows += ROWS
-        row_mask = rows < end
-        next_mask = row_mask[:, None] & col_mask[None, :]
-        x_next = tl.load(x_ptrs + ROWS * stride_x, mask=next_mask, other=0.0)
-        dy_next = tl.load(dy_ptrs + ROWS * stride_dy, mask=next_mask, other=0.0)
-        rstd_next = tl.load(RSTD + rows, mask=row_mask, other=0.0)
-        mean_next = tl.load(MEAN + rows, mask=row_mask, other=0.0) if LAYERNORM else rstd_next
+        if PREFETCH:
+            row_mask = rows < end
+            next_mask = row_mask[:, None] & col_mask[None, :]
+            x_next = tl.load(x_ptrs + ROWS * stride_x, mask=next_mask, other=0.0)
+            dy_next = tl.load(dy_ptrs + ROWS * stride_dy, mask=next_mask, other=0.0)
+            rstd_next = tl.load(RSTD + rows, mask=row_mask, other=0.0)
+            mean_next = tl.load(MEAN + rows, mask=row_mask, other=0.0) if LAYERNORM else rstd_next
 
-        if REREAD and HAS_WEIGHT:
+        if (REREAD or not PREFETCH) and HAS_WEIGHT:
             w = tl.load(w_cols, mask=col_mask, other=0.0).to(tl.float32)
         if LAYERNORM:
             x = x - mean[:, None]
@@ -546,7 +562,9 @@ def launch_bwd(cfg: Config, dy, x, weight, mean, rstd, layernorm: bool, dx, sums
             M, N, dy.stride(0), x.stride(0), dres.stride(0), dx.stride(0),
             layernorm, weight is not None, dresidual is not None, cfg.rows,
         )  # fmt: skip
-        compiled = _norm_bwd_row_kernel[(partial_rows,)](*args, bucket(N), cfg.reread, N if cfg.exact_n else 0, num_warps=cfg.warps)
+        compiled = _norm_bwd_row_kernel[(partial_rows,)](
+            *args, bucket(N), cfg.reread, N if cfg.exact_n else 0, cfg.prefetch, num_warps=cfg.warps
+        )  # fmt: skip
     if n_sums:
         if x.is_cuda:
             # narrow column strips, so that even N = 1024 spreads over dozens of SMs: a handful of

@@ -82,7 +82,8 @@ def build_config(op: str, direction: str, n: int, cfg: C.Config, x_dtype="bf16",
         sliced = {"SLICE": cfg.slice, "SLICES": slices, "SLICES_P2": triton.next_power_of_2(slices),
                   "SUMS_GIVEN": cfg.row_sums, "STREAM": min(cfg.chunk or cfg.slice, cfg.slice)}  # fmt: skip
         return build(K._norm_bwd_slice_kernel, pointers, {**flags, **sliced}, cfg.warps)
-    return build(K._norm_bwd_row_kernel, pointers, {**flags, **whole_row, "REREAD": cfg.reread}, cfg.warps)
+    row = {**flags, **whole_row, "REREAD": cfg.reread, "PREFETCH": cfg.prefetch}
+    return build(K._norm_bwd_row_kernel, pointers, row, cfg.warps)
 
 
 def main(argv=None) -> int:
@@ -108,7 +109,7 @@ def main(argv=None) -> int:
                 regs, stack = resources(build_config(op, direction, n, cfg, w_dtype=a.weight_dtype))
                 fit = REGISTERS_PER_SM // (-(-regs // 8) * 8 * 32 * cfg.warps)
                 wanted = cfg.programs_per_sm if direction == "bwd" or cfg.persistent else 1
-                short = {k: v for k, v in cfg.to_json().items() if v}
+                short = {k: v for k, v in cfg.to_json().items() if v or k == "prefetch"}
                 print(f"{op:11s} {direction} N={n:6d} regs {regs:3d} stack {stack:3d} B  programs/SM: {fit} fit, "
                       f"{wanted} wanted{'  (not all resident)' if fit < wanted else ''}  {short}", flush=True)  # fmt: skip
     return 0

@@ -125,7 +125,7 @@ def _tune_job(job: dict) -> dict:
         for rec in tried:
             if rec["check"] != "pass":
                 continue
-            cfg = C.Config(**{k: rec[k] for k in C.Config.__dataclass_fields__})
+            cfg = _config(rec)
             try:
                 launch(cfg)
                 torch.cuda.synchronize()
@@ -139,8 +139,13 @@ def _tune_job(job: dict) -> dict:
 
 
 # ---------------------------------------------------------------- choosing what to pin
+def _config(rec: dict) -> C.Config:
+    """The Config of a log record (a config's fields beside its check and time)."""
+    return C.Config(**{k: rec[k] for k in C.Config.__dataclass_fields__ if k in rec})
+
+
 def _config_of(rec: dict) -> dict:
-    return C.Config(**{k: rec[k] for k in C.Config.__dataclass_fields__}).to_json()
+    return _config(rec).to_json()
 
 
 def winners(results: list[dict]) -> dict:
