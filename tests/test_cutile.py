@@ -13,7 +13,14 @@ from harness.contract import DTYPES
 from harness.inputs import make_case
 from harness.shapes import SHAPE_SETS
 
-from .gpu_only_dsl import CALLS, REGIMES, assert_compile_only_launches_nothing, assert_overflowed_rows_are_nan, inputs
+from .gpu_only_dsl import (
+    CALLS,
+    REGIMES,
+    assert_compile_only_launches_nothing,
+    assert_overflowed_rows_are_nan,
+    compiling_or_skip,
+    inputs,
+)
 from .conftest import DEVICE, HAS_CUDA
 
 HAS_CUTILE = importlib.util.find_spec("cuda") is not None and importlib.util.find_spec("cuda.tile") is not None
@@ -80,12 +87,7 @@ def cutile_kernels():
         pytest.skip("cuda-tile is not installed (pip install -e '.[cutile]')")
     from impls.cutile import kernels
 
-    x = torch.ones(1, 16, dtype=torch.float32)
-    try:
-        with kernels.compile_only() as compiled:
-            kernels.rmsnorm_fwd(x, None, 1e-5)
-    except Exception as e:  # the reason is the test's result: skip with it
-        pytest.skip(f"cuTile cannot compile for sm_90 here: {type(e).__name__}: {str(e).strip().splitlines()[0][:300]}")
+    compiled = compiling_or_skip(kernels, "cuTile cannot compile for sm_90")
     assert compiled and compiled[0][1][:4] == b"\x7fELF"
     return kernels
 

@@ -15,7 +15,14 @@ from harness.contract import DTYPES
 from harness.inputs import make_case
 from harness.shapes import SHAPE_SETS
 
-from .gpu_only_dsl import CALLS, REGIMES, assert_compile_only_launches_nothing, assert_overflowed_rows_are_nan, inputs
+from .gpu_only_dsl import (
+    CALLS,
+    REGIMES,
+    assert_compile_only_launches_nothing,
+    assert_overflowed_rows_are_nan,
+    compiling_or_skip,
+    inputs,
+)
 from .conftest import DEVICE, HAS_CUDA
 
 pytestmark = pytest.mark.skipif(
@@ -67,12 +74,7 @@ def gluon_kernels():
     reason when the toolchain (Triton's compiler or its ptxas) cannot."""
     from impls.gluon import kernels
 
-    x = torch.ones(1, 16, dtype=torch.float32)
-    try:
-        with kernels.compile_only() as compiled:
-            kernels.rmsnorm_fwd(x, None, 1e-5)
-    except Exception as e:  # the reason is the test's result: skip with it
-        pytest.skip(f"Gluon cannot compile for sm_90a here: {type(e).__name__}: {str(e).splitlines()[0][:300]}")
+    compiled = compiling_or_skip(kernels, "Gluon cannot compile for sm_90a")
     assert compiled and compiled[0].asm.get("cubin")
     return kernels
 

@@ -79,6 +79,8 @@ import torch
 import triton
 import triton.language as tl
 
+from harness.contract import contract_functions
+
 from .norm_configs import Config, bucket, choose, for_weight, sm_count
 
 # Running under the CPU interpreter (its fp32 -> bf16 conversion truncates: see ``_round_to``).
@@ -601,29 +603,18 @@ def norm_bwd(dy, x, weight, mean, rstd, layernorm: bool, config: Config | None =
 
 
 # ============================================================================ the contract
-def rmsnorm_fwd(x, weight, eps):
-    y, _, rstd, _ = norm_fwd(x, weight, None, eps, layernorm=False)
-    return y, rstd
+def contract(fwd_config: Config | None = None, bwd_config: Config | None = None):
+    """The six contract functions, on the pinned/heuristic configs or on the given ones (what
+    ``normbench tune`` checks and times each candidate with)."""
+
+    def fwd(x, residual, weight, bias, eps, layernorm):
+        y, mean, rstd, residual_out = norm_fwd(x, weight, bias, eps, layernorm, fwd_config, residual)
+        return y, residual_out, mean, rstd
+
+    def bwd(dy, dresidual_out, x, weight, mean, rstd, layernorm):
+        return norm_bwd(dy, x, weight, mean, rstd, layernorm, bwd_config, dresidual_out)
+
+    return contract_functions(fwd, bwd)
 
 
-def rmsnorm_bwd(dy, x, weight, rstd):
-    dx, dw, _ = norm_bwd(dy, x, weight, None, rstd, layernorm=False)
-    return dx, dw
-
-
-def layernorm_fwd(x, weight, bias, eps):
-    return norm_fwd(x, weight, bias, eps, layernorm=True)[:3]
-
-
-def layernorm_bwd(dy, x, weight, mean, rstd):
-    return norm_bwd(dy, x, weight, mean, rstd, layernorm=True)
-
-
-def add_rmsnorm_fwd(x, residual, weight, eps):
-    y, _, rstd, residual_out = norm_fwd(x, weight, None, eps, layernorm=False, residual=residual)
-    return y, residual_out, rstd
-
-
-def add_rmsnorm_bwd(dy, dresidual_out, residual_out, weight, rstd):
-    dh, dw, _ = norm_bwd(dy, residual_out, weight, None, rstd, layernorm=False, dresidual=dresidual_out)
-    return dh, dw
+(rmsnorm_fwd, rmsnorm_bwd, layernorm_fwd, layernorm_bwd, add_rmsnorm_fwd, add_rmsnorm_bwd) = contract()

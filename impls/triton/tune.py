@@ -43,28 +43,8 @@ def pinned_kernels(impl, fwd_cfg: C.Config | None, bwd_cfg: C.Config | None):
 
     from . import norm_kernels as K
 
-    def rmsnorm_fwd(x, w, eps):
-        y, _, rstd, _ = K.norm_fwd(x, w, None, eps, False, fwd_cfg)
-        return y, rstd
-
-    def rmsnorm_bwd(dy, x, w, rstd):
-        return K.norm_bwd(dy, x, w, None, rstd, False, bwd_cfg)[:2]
-
-    def layernorm_fwd(x, w, b, eps):
-        return K.norm_fwd(x, w, b, eps, True, fwd_cfg)[:3]
-
-    def layernorm_bwd(dy, x, w, mean, rstd):
-        return K.norm_bwd(dy, x, w, mean, rstd, True, bwd_cfg)
-
-    def add_rmsnorm_fwd(x, residual, w, eps):
-        y, _, rstd, h = K.norm_fwd(x, w, None, eps, False, fwd_cfg, residual=residual)
-        return y, h, rstd
-
-    def add_rmsnorm_bwd(dy, dres, h, w, rstd):
-        return K.norm_bwd(dy, h, w, None, rstd, False, bwd_cfg, dresidual=dres)[:2]
-
-    fns = (rmsnorm_fwd, rmsnorm_bwd, layernorm_fwd, layernorm_bwd, add_rmsnorm_fwd, add_rmsnorm_bwd)
-    return SimpleNamespace(**{fn.__name__: _checked(impl, fn.__name__, fn) for fn in fns})
+    fns = K.contract(fwd_cfg, bwd_cfg)
+    return SimpleNamespace(**{name: _checked(impl, name, fn) for name, fn in vars(fns).items()})
 
 
 # ---------------------------------------------------------------- one job per (op, direction, N)
