@@ -365,9 +365,10 @@ def test_backward_is_deterministic():
 KNOWN_SPILLS = {
     ("NVIDIA H200", "rmsnorm", "bwd", 16384): "re-read row kernel: 16 spilled registers, 72% of copy "
     "bandwidth; the spill-free sliced kernels measured 48-58% (and Liger 48%)",
-    ("NVIDIA H100 80GB HBM3", "rmsnorm", "bwd", 16384): "re-read row kernel: 16 spilled registers, the "
-    "fastest of the 7 candidates of `normbench tune` all the same (2.34 TB/s; the spill-free sliced ones "
-    "1.74-2.20: reports/triton/nvidia-h100/tune/)",
+    ("NVIDIA H100 80GB HBM3", "rmsnorm", "bwd", 16384): "whole-row kernel without prefetch (an offline "
+    "sm_90a build spills 16-64 B), the fastest of the 9 candidates of `normbench tune` all the same "
+    "(2.38 TB/s; the re-read row kernel 2.33 with 16 spilled registers, the spill-free sliced ones "
+    "1.73-2.20: reports/triton/nvidia-h100/tune/)",
     # RMSNorm's re-read configs, borrowed: an offline sm_90a build gives them 8-32 bytes of stack
     **{("NVIDIA H200", "add_rmsnorm", "bwd", n): "re-read row kernel borrowed from RMSNorm, not timed yet"
        for n in (5120, 7168, 8192, 16384)},
