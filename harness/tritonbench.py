@@ -46,6 +46,7 @@ from typing import Callable
 import torch
 
 from . import autograd
+from .bench import environment
 from .checker import _bwd_scales, compare
 from .contract import DTYPE_NAMES, PARAM_DTYPES, Implementation, describe_error
 from .ops import OPS, get_op
@@ -507,11 +508,17 @@ def _tritonbench_commit(tb: TritonBench) -> str:
         return os.environ["TRITONBENCH_COMMIT"]
     if tb.path is None:
         return "unknown"
+    # a copy without git metadata sits inside some other repository (ours, on the GPU machine), whose
+    # HEAD git would report: only a repository whose top level holds the tritonbench package counts
+    git = ["git", "-C", str(tb.path), "rev-parse", "--show-toplevel", "HEAD"]
     try:
-        out = subprocess.run(["git", "-C", str(tb.path), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10)
-        return out.stdout.strip() if out.returncode == 0 else "unknown"
+        out = subprocess.run(git, capture_output=True, text=True, timeout=10)
     except (OSError, subprocess.SubprocessError):
         return "unknown"
+    lines = out.stdout.split()
+    if out.returncode != 0 or len(lines) != 2 or not (Path(lines[0]) / "tritonbench" / "operators").is_dir():
+        return "unknown"
+    return lines[1]
 
 
 def _write_outputs(bench, tb_args, out_dir: Path, stem: str, sidecar: dict) -> Path:
@@ -572,6 +579,7 @@ def main(argv: list[str]) -> int:
             "mode": _mode(bench),
             "dtype": dtype,
             "tritonbench_commit": _tritonbench_commit(tb),
+            "environment": environment(tb_args.device),
             "backends": backends,
             "skipped": skipped,
         }

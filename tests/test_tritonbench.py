@@ -380,3 +380,26 @@ def test_operators_come_from_the_op_records_and_take_fp32_parameters():
     tbm._supported(get("eager"), x, torch.ones(64), torch.zeros(64))  # fp32 parameters beside bf16 x
     with pytest.raises(NotImplementedError, match="fp32"):
         tbm._supported(get("eager"), x, torch.ones(64, dtype=torch.float64), None)
+
+
+def test_tritonbench_commit_is_its_own_checkouts_not_an_enclosing_repositorys(tmp_path):
+    """A TritonBench copy without git metadata inside another repository (ours, on the GPU machine)
+    must not report that repository's HEAD as TritonBench's commit."""
+    import subprocess
+
+    def commit_of(root):
+        return tbx._tritonbench_commit(SimpleNamespace(path=root / "tritonbench"))
+
+    git = ["git", "-c", "user.name=n", "-c", "user.email=n@n"]
+    outer = tmp_path / "outer"
+    (outer / "copy" / "tritonbench" / "operators").mkdir(parents=True)
+    subprocess.run([*git, "init", "-q", str(outer)], check=True)
+    subprocess.run([*git, "-C", str(outer), "commit", "-q", "--allow-empty", "-m", "outer"], check=True)
+    assert commit_of(outer / "copy") == "unknown"
+
+    checkout = tmp_path / "checkout"
+    (checkout / "tritonbench" / "operators").mkdir(parents=True)
+    subprocess.run([*git, "init", "-q", str(checkout)], check=True)
+    subprocess.run([*git, "-C", str(checkout), "commit", "-q", "--allow-empty", "-m", "tb"], check=True)
+    head = subprocess.run(["git", "-C", str(checkout), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    assert commit_of(checkout) == head
