@@ -68,13 +68,22 @@ def _forward_named(name: str, op: str) -> str:
     return ops.function(f"{op}_fwd").name().split("::")[1]
 
 
+# (id of the record, op) -> (the record, its eager twin): a call skips the ops' look-up, which hashes
+# every field of the record. The entry holds the record, so no other object takes its id meanwhile.
+_TWINS: dict[tuple[int, str], tuple[Implementation, object]] = {}
+
+
 def _forward(impl, op: str):
     """The forward custom op of ``op`` in ``impl`` (a name, or a record: inside torch.compile a
     record is looked up by its name, so one outside the registry must have been used once before)."""
     if torch.compiler.is_compiling():
         name = impl if isinstance(impl, str) else _record(impl).name
         return getattr(getattr(torch.ops, NAMESPACE), _forward_named(name, op)).default
-    return norm_ops(impl).forward(op)
+    rec = get(impl) if isinstance(impl, str) else impl
+    hit = _TWINS.get((id(rec), op))
+    if hit is None:
+        hit = _TWINS[(id(rec), op)] = (rec, norm_ops(rec).forward(op))
+    return hit[1]
 
 
 def _tensor(t, what="x"):

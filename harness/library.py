@@ -129,32 +129,39 @@ def _storage(t: torch.Tensor):
     return t.untyped_storage().data_ptr() if t.numel() else None
 
 
-def _real(impl: Implementation, fn_name: str, sig: _Signature):
+def _real(impl: Implementation, fn_name: str, sig: _Signature, op: bool):
+    """The validated contract function on the arguments' device, its outputs checked against what the
+    op promises (a TypeError naming the implementation otherwise). For the custom op (``op``) they
+    are also made what an op may return: the placeholder for a gradient of an absent parameter, and
+    a copy of a tensor sharing storage with an input or an earlier output. The eager twin keeps None
+    and aliases, which autograd.Function takes, and spares itself the storage look-ups."""
     meta, ref_i, outputs = _metadata(sig), sig.ref, sig.outputs
-    functions = {}  # device type -> the validated contract function
+    functions = {}  # torch.device -> the validated contract function
 
     def run(*values):
         ref = values[ref_i]
-        dev = ref.device.type
-        if dev not in functions:
-            functions[dev] = getattr(impl.kernels(dev), fn_name)
-        out = functions[dev](*values)
-        seen = {_storage(v) for v in values if isinstance(v, torch.Tensor)}
+        fn = functions.get(ref.device)
+        if fn is None:
+            fn = functions[ref.device] = getattr(impl.kernels(ref.device.type), fn_name)
+        out = fn(*values)
+        seen = {_storage(v) for v in values if isinstance(v, torch.Tensor)} if op else None
         fixed = []
         for o, t, (shape, dtype) in zip(outputs, out, meta(values)):
             if t is None and shape == (0,):
-                t = ref.new_empty(shape, dtype=dtype)
-            elif o.kind == "param" and isinstance(t, torch.Tensor) and t.dtype != dtype:
+                fixed.append(ref.new_empty(shape, dtype=dtype) if op else None)
+                continue
+            if o.kind == "param" and isinstance(t, torch.Tensor) and t.dtype != dtype:
                 t = t.to(dtype)  # dbias in x's dtype beside an fp32 weight: the weight's dtype here
             if not isinstance(t, torch.Tensor) or tuple(t.shape) != shape or t.dtype != dtype:
                 got = f"{tuple(t.shape)} {t.dtype}" if isinstance(t, torch.Tensor) else type(t).__name__
                 raise TypeError(
                     f"implementation '{impl.name}': {fn_name} returned {o.name} as {got}, expected {shape} {dtype}"
                 )
-            ptr = _storage(t)
-            if ptr is not None and ptr in seen:
-                t = t.clone()
-            seen.add(ptr)
+            if op:
+                ptr = _storage(t)
+                if ptr is not None and ptr in seen:
+                    t = t.clone()
+                seen.add(ptr)
             fixed.append(t)
         return tuple(fixed)
 
@@ -169,50 +176,60 @@ def _grad_of(arg: Arg, fwd_outputs: tuple[Arg, ...]) -> str | None:
 
 
 def _autograd(op: Op, bwd):
-    fwd_in = [a.name for a in op.fwd_args]
     fwd_out = [a.name for a in op.fwd_outputs]
     saved_names = [a.name for a in op.bwd_args if _grad_of(a, op.fwd_outputs) is None]
-    bwd_out = [a.name for a in op.bwd_outputs]
-    # where each backward argument comes from: ("grad", forward output index) or ("saved", index)
+    # what the forward saves, as positions in (*inputs, *outputs)
+    fwd_names = [a.name for a in op.fwd_args] + fwd_out
+    saved_at = [fwd_names.index(n) for n in saved_names]
+    # where each backward argument comes from: (True, saved index) or (False, forward output index),
+    # and whether a gradient that was not materialised must be zeros (not optional)
     plan = [
-        ("saved", saved_names.index(a.name))
+        (True, saved_names.index(a.name), False)
         if _grad_of(a, op.fwd_outputs) is None
-        else ("grad", fwd_out.index(_grad_of(a, op.fwd_outputs)))
+        else (False, fwd_out.index(_grad_of(a, op.fwd_outputs)), not a.optional)
         for a in op.bwd_args
     ]
     # a row tensor among the saved ones: the shape of a gradient that was not materialised
     saved_rows = next(saved_names.index(a.name) for a in op.bwd_args if a.name in saved_names and a.kind == "rows")
-    # which backward output is the gradient of each forward input (dx; add_rmsnorm's dh is both x's
-    # and residual's), or None (eps)
-    grad_index = [
-        None if a.kind == "scalar" else bwd_out.index(f"d{a.name}") if f"d{a.name}" in bwd_out else 0
-        for a in op.fwd_args
+    bwd_out = [a.name for a in op.bwd_outputs]
+    # per forward input: which backward output is its gradient (dx; add_rmsnorm's dh is both x's and
+    # residual's), or None (eps); and for a parameter, its place among the parameters, whose dtypes
+    # the gradients come back in
+    params = [i for i, a in enumerate(op.fwd_args) if a.kind == "param"]
+    grads_plan = [
+        (
+            None if a.kind == "scalar" else bwd_out.index(f"d{a.name}") if f"d{a.name}" in bwd_out else 0,
+            params.index(i) if i in params else None,
+        )
+        for i, a in enumerate(op.fwd_args)
     ]
     stat_index = [fwd_out.index(n) for n in op.stats]
 
     def setup_context(ctx, inputs, output):
-        named = dict(zip(fwd_in, inputs))
-        named.update(zip(fwd_out, output))
-        ctx.save_for_backward(*(named[n] for n in saved_names))
-        ctx.mark_non_differentiable(*(output[i] for i in stat_index))
+        both = (*inputs, *output)
+        ctx.save_for_backward(*[both[i] for i in saved_at])
+        ctx.mark_non_differentiable(*[output[i] for i in stat_index])
         ctx.set_materialize_grads(False)
-        ctx.param_dtypes = [t.dtype if isinstance(t, torch.Tensor) else None for t in inputs]
+        ctx.param_dtypes = [None if inputs[i] is None else inputs[i].dtype for i in params]
 
     def backward(ctx, *grads):
         saved = ctx.saved_tensors
         values = []
-        for (source, i), a in zip(plan, op.bwd_args):
-            t = saved[i] if source == "saved" else grads[i]
-            if t is None and not a.optional:  # only the other outputs were used
+        for from_saved, i, zeros in plan:
+            t = saved[i] if from_saved else grads[i]
+            if t is None and zeros:  # only the other outputs were used
                 t = torch.zeros_like(saved[saved_rows])
             values.append(t)
         result = bwd(*values)
         grads_in = []
-        for a, needed, i, dtype in zip(op.fwd_args, ctx.needs_input_grad, grad_index, ctx.param_dtypes):
+        for needed, (i, param) in zip(ctx.needs_input_grad, grads_plan):
             if not needed or i is None:
                 grads_in.append(None)
-            else:
-                grads_in.append(result[i] if a.kind == "rows" else result[i].to(dtype))
+                continue
+            g = result[i]
+            if param is not None and g.dtype != ctx.param_dtypes[param]:
+                g = g.to(ctx.param_dtypes[param])
+            grads_in.append(g)
         return tuple(grads_in)
 
     return backward, setup_context
@@ -272,11 +289,13 @@ def registered(name: str) -> NormOps | None:
 
 
 def _define(impl: Implementation, qualname: str, fn_name: str, args, outputs):
+    """The custom op, and the same validated function for the eager twin."""
     sig = _Signature(args, outputs)
-    run = _real(impl, fn_name, sig)
-    opdef = torch.library.custom_op(f"{NAMESPACE}::{qualname}", run, mutates_args=(), schema=_schema(args, outputs))
+    opdef = torch.library.custom_op(
+        f"{NAMESPACE}::{qualname}", _real(impl, fn_name, sig, op=True), mutates_args=(), schema=_schema(args, outputs)
+    )
     opdef.register_fake(_fake(impl, sig))
-    return opdef, run
+    return opdef, _real(impl, fn_name, sig, op=False)
 
 
 def _eager(op: Op, fwd_run, bwd_run, bwd_overload):
@@ -294,18 +313,17 @@ def _eager(op: Op, fwd_run, bwd_run, bwd_overload):
     def bwd(*values):
         return (bwd_overload if torch.is_grad_enabled() else bwd_run)(*values)
 
-    backward, setup_context = _autograd(op, bwd)
+    differentiate, setup_context = _autograd(op, bwd)
+
+    def run_forward(ctx, *inputs):
+        out = fwd_run(*inputs)
+        setup_context(ctx, inputs, out)
+        return out
 
     class Eager(torch.autograd.Function):
-        @staticmethod
-        def forward(ctx, *inputs):
-            out = fwd_run(*inputs)
-            setup_context(ctx, inputs, out)
-            return out
-
-        @staticmethod
-        def backward(ctx, *grads):
-            return backward(ctx, *grads)
+        # the closures themselves, not methods calling them: one Python frame less per call
+        forward = staticmethod(run_forward)
+        backward = staticmethod(differentiate)
 
     Eager.__name__ = Eager.__qualname__ = f"{op.name}_eager"
     return Eager.apply
