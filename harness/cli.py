@@ -648,7 +648,7 @@ def build_parser() -> argparse.ArgumentParser:
         s.add_argument("--op", help=OP_HELP)
         s.add_argument("--weights", help=f"the parameters: {', '.join(WEIGHTS)} (fp32 beside 16-bit x; Gemma's 1 + w) (comma-separated for bench)")
         s.add_argument("--direction", help=f"{', '.join(directions)} (comma-separated)")
-        s.add_argument("--shapes", help="shape set(s): smoke, edge, sweep, decode, or MxN (comma-separated)")
+        s.add_argument("--shapes", help="shape set(s): smoke, edge, sweep, between, decode, or MxN (comma-separated)")
         s.add_argument("--dtype", help=f"{', '.join(DTYPES)} (comma-separated)")
 
     s = sub.add_parser("check", help="the correctness matrix against the fp64 reference")

@@ -62,6 +62,11 @@ def test_shape_sets_are_the_design_card():
     assert any(s.layout == "column-slice" for s in edge) and any(len(s.dims) == 3 for s in edge)
     assert any(s.m == 0 for s in edge) and any(s.n % 8 for s in edge) and any(s.n == 2880 for s in edge)
     assert {(s.m, s.n) for s in SHAPE_SETS["decode"]} == {(m, n) for m in (1, 16, 128) for n in (4096, 8192)}
+    # between: the sweep's bytes per point at N the sweep lacks, an odd one among them, spanning it
+    between, sweep_n = SHAPE_SETS["between"], {s.n for s in SHAPE_SETS["sweep"]}
+    assert all(s.m * s.n <= SWEEP_ELEMENTS and s.m * s.n > SWEEP_ELEMENTS * 0.99 for s in between)
+    assert not {s.n for s in between} & sweep_n and any(s.n % 2 for s in between)
+    assert min(s.n for s in between) < 2048 and max(s.n for s in between) > 65536
     assert parse_shape("4x8x16:column-slice").dims == (4, 8, 16)
     with pytest.raises(ValueError):
         parse_shape("4xq")
