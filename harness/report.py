@@ -76,7 +76,7 @@ def markdown(meta: dict, rows: list[dict], rel_plots: str | None = "") -> str:
             lines.append(f"| {i} | {_name(r)} | {r.dsl} | {pct} | {_f(r.tbps)} | {_f(r.us, '{:.1f}')} | {r.coverage} | {_f(r.speedup, '{:.2f}x')} | {r.noisy} |")
         lines.append("")
         lines += _shape_table(rows, op, direction, shape_set, dtype)
-        if rel_plots is not None and shape_set == "sweep":
+        if rel_plots is not None and shape_set in PLOTTED:
             lines += [f"![{op} {direction}]({rel_plots}plot-{op}-{direction}-{dtype}.png)", ""]
         failed = [r for r in rows if rank.section_of(r) == (op, direction, shape_set, dtype) and r["status"] in ("failed", "error")]
         if failed:
@@ -208,6 +208,12 @@ def write_csv(rows: list[dict], path: Path):
             w.writerow(r)
 
 
+# Shape sets drawn as bandwidth against N: the sweep as lines, and the points between its N (the
+# same bytes per point) as hollow markers on the same axes, so a kernel tuned to the sweep's eleven N
+# shows where it falls off between them.
+PLOTTED = ("sweep", "between")
+
+
 def plots(meta: dict, rows: list[dict], out_dir: Path) -> list[Path]:
     import matplotlib
 
@@ -216,24 +222,30 @@ def plots(meta: dict, rows: list[dict], out_dir: Path) -> list[Path]:
 
     roof = meta.get("copy_bandwidth_tbps")
     written = []
-    for op, direction, shape_set, dtype in rank.sections(rows):
-        if shape_set != "sweep":
-            continue
-        sel = [r for r in rows if rank.section_of(r) == (op, direction, shape_set, dtype) and r["status"] == "ok"]
+    figures = sorted({(op, direction, dtype) for op, direction, shape_set, dtype in rank.sections(rows) if shape_set in PLOTTED})
+    for op, direction, dtype in figures:
+        sel = [r for r in rows if rank.section_of(r) in {(op, direction, s, dtype) for s in PLOTTED} and r["status"] == "ok"]
         if not sel:
             continue
         fig, ax = plt.subplots(figsize=(12, 5.5))
         names = sorted({r["impl"] for r in sel})
-        ax.set_prop_cycle(color=[plt.cm.tab20(i % 20) for i in range(len(names))])
+        colors = {name: plt.cm.tab20(i % 20) for i, name in enumerate(names)}
         for name in names:
-            pts = sorted((r["N"], r["tbps"]) for r in sel if r["impl"] == name)
-            ext = sel[[r["impl"] for r in sel].index(name)].get("external")
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", ls="--" if ext else "-", label=f"{name}{' (external)' if ext else ''}")
+            ext = next(r.get("external") for r in sel if r["impl"] == name)
+            label = f"{name}{' (external)' if ext else ''}"
+            pts = sorted((r["N"], r["tbps"]) for r in sel if r["impl"] == name and r["shape_set"] == "sweep")
+            if pts:
+                ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", ls="--" if ext else "-", color=colors[name], label=label)
+                label = None  # one legend entry per implementation
+            off = sorted((r["N"], r["tbps"]) for r in sel if r["impl"] == name and r["shape_set"] == "between")
+            if off:
+                ax.scatter([p[0] for p in off], [p[1] for p in off], marker="D", facecolors="none", edgecolors=[colors[name]], label=label)
         if roof:
             ax.axhline(roof, color="k", lw=1.5, label=f"copy bandwidth {roof:.2f} TB/s")
             ax.axhline(0.9 * roof, color="k", lw=0.8, ls=":", label="90% of copy")
         ax.set_xscale("log", base=2)
-        ax.set_xlabel("N (hidden size); M x N = 2^27")
+        between = any(r["shape_set"] == "between" for r in sel)
+        ax.set_xlabel("N (hidden size); M x N = 2^27" + ("; hollow diamonds: N between the sweep's" if between else ""))
         ax.set_ylabel("TB/s (main bytes / time)")
         ax.set_title(f"{op} {direction}, {dtype} — {meta.get('gpu', '')}")
         ax.set_ylim(bottom=0)

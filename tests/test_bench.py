@@ -264,3 +264,21 @@ def test_weight_variants_are_points_of_their_own_ranked_apart(tmp_path, monkeypa
     assert bench.point_key(old)[-1] == "same" and rank.leaderboard([old], "add_rmsnorm", "fwd")[0].passed == 1
     md = report.write_report(tmp_path)["report"].read_text()
     assert "add_rmsnorm fwd — sweep, bf16+fp32" in md and "add_rmsnorm bwd — sweep, bf16+offset" in md
+
+
+def test_between_points_are_drawn_on_the_sweeps_axes(tmp_path, monkeypatch):
+    """N between the sweep's go into the sweep's plot as markers of the implementation's colour (one
+    figure per op, direction and dtype), and the report embeds that plot under both sections."""
+    import matplotlib.axes
+
+    drawn = []
+    scatter = matplotlib.axes.Axes.scatter
+    monkeypatch.setattr(matplotlib.axes.Axes, "scatter", lambda ax, x, y, **kw: drawn.append(sorted(x)) or scatter(ax, x, y, **kw))
+    rows = [_row("fast", 1024, 1.0, frac=0.5), _row("fast", 4096, 0.5, frac=1.0),
+            _row("fast", 1536, 0.9, frac=0.55, shape_set="between"), _row("fast", 3072, 0.8, frac=0.6, shape_set="between"),
+            _row("only", 4001, 1.2, frac=0.4, dsl="y", shape_set="between")]  # fmt: skip
+    written = report.plots({"gpu": "Fake GPU", "copy_bandwidth_tbps": 4.0}, rows, tmp_path)
+    assert [p.name for p in written] == ["plot-rmsnorm-fwd-bf16.png"] and written[0].stat().st_size > 0
+    assert sorted(drawn) == [[1536, 3072], [4001]]
+    text = report.markdown({"gpu": "Fake GPU", "copy_bandwidth_tbps": 4.0}, rows)
+    assert text.count("(plot-rmsnorm-fwd-bf16.png)") == 2 and "## rmsnorm fwd — between, bf16" in text
