@@ -378,6 +378,15 @@ def config_source(impl: Implementation, op: str, directions, n: int, dtype: str,
         return f"unknown ({type(e).__name__}: {e})"
 
 
+def record_timing(p: Point, fn, timer: CudaTimer) -> None:
+    """Time ``fn`` (already run once: compiled and warm) into ``p``: the trials' summary, whether
+    CUDA-graph replay was used (the graph shape sets), and TB/s of the main bytes."""
+    trials, p.graph = timer.time(fn, graph=p.shape_set in GRAPH_SHAPE_SETS)
+    s = summarize(trials)
+    p.ms, p.ms_p95, p.trial_ms, p.spread, p.noisy = s["ms"], s["ms_p95"], s["trial_ms"], s["spread"], s["noisy"]
+    p.tbps = tbps(p.bytes_main, p.ms)
+
+
 def measure_point(impl: Implementation, op, direction, set_name, shape: Shape, dtype, device, timer, seed=0, weights="same") -> Point:
     p = Point(impl.name, impl.dsl, impl.external, op, direction, set_name, shape.label, shape.m, shape.n, dtype, weights)
     # fp32 parameters (the offset variant's weight is folded to fp32; its bias, kept in x's dtype,
@@ -408,11 +417,7 @@ def measure_point(impl: Implementation, op, direction, set_name, shape: Shape, d
                 return p
         p.check = "pass"
         p.config = config_source(impl, op, checks, shape.n, dtype, device)
-        trials, used_graph = timer.time(fn, graph=set_name in GRAPH_SHAPE_SETS)
-        s = summarize(trials)
-        p.ms, p.ms_p95, p.trial_ms, p.spread, p.noisy = s["ms"], s["ms_p95"], s["trial_ms"], s["spread"], s["noisy"]
-        p.graph = used_graph
-        p.tbps = tbps(p.bytes_main, p.ms)
+        record_timing(p, fn, timer)
         p.status = "ok"
     except Exception as e:  # one failing implementation never stops the run
         p.status = "error"

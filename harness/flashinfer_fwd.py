@@ -39,12 +39,12 @@ from pathlib import Path
 
 import torch
 
-from .bench import GRAPH_SHAPE_SETS, CudaTimer, default_out_dir, environment, summarize
+from .bench import CudaTimer, Point, default_out_dir, environment, record_timing
 from .checker import compare, poisoned_allocations
 from .contract import DTYPES, describe_error
 from .inputs import make_case
 from .ops import get_op
-from .roofline import bytes_moved, tbps
+from .roofline import bytes_moved
 from .shapes import Shape, shape_set
 
 IMPL = "flashinfer"
@@ -69,39 +69,22 @@ VARIANTS: dict[str, Variant] = {
 
 
 @dataclass
-class FiPoint:
-    function: str
-    op: str
-    weights: str
-    shape_set: str
-    shape: str
-    M: int
-    N: int
-    dtype: str
-    impl: str = IMPL
-    direction: str = "fwd"
-    external: bool = True
+class FiPoint(Point):
+    """A benchmark point (``harness.bench.Point``) of a FlashInfer function."""
+
+    function: str = ""  # FlashInfer's function in flashinfer.norm
     ranked: bool = False  # never: FlashInfer returns no rstd (not normbench's contract)
-    status: str = "skip"  # ok | failed | error | skip
-    reason: str = ""
-    check: str = ""
     tensors: list = field(default_factory=list)  # checker.TensorReport of y (and residual_out)
     traceback: str = ""
-    compile_s: float | None = None
-    ms: float | None = None
-    ms_p95: float | None = None
-    trial_ms: list = field(default_factory=list)
-    spread: float | None = None
-    noisy: bool = False
-    graph: bool = False
-    bytes_main: int = 0
-    bytes_extra: int = 0  # the model's: it counts the rstd write, which FlashInfer does not do
-    tbps: float | None = None
-    frac_roofline: float | None = None
 
     @property
     def us(self) -> float | None:
         return None if self.ms is None else self.ms * 1e3
+
+
+def new_point(variant: Variant, weights: str, set_name: str, shape: Shape, dtype: str, **fields) -> FiPoint:
+    return FiPoint(IMPL, "external", True, variant.op, "fwd", set_name, shape.label, shape.m, shape.n, dtype, weights,
+                   function=variant.name, **fields)  # fmt: skip
 
 
 def load_flashinfer():
@@ -219,8 +202,9 @@ def summary(reports) -> str:
 
 
 def measure(fi, variant: Variant, set_name: str, shape: Shape, dtype: str, weights: str, device="cuda", timer=None, roof=None) -> FiPoint:
-    p = FiPoint(variant.name, variant.op, weights, set_name, shape.label, shape.m, shape.n, dtype)
-    # the stored w FlashInfer reads: fp32 for "fp32", x's dtype for "same" and "offset" (gemma adds the 1)
+    p = new_point(variant, weights, set_name, shape, dtype)
+    # the stored w FlashInfer reads: fp32 for "fp32", x's dtype for "same" and "offset" (gemma adds the
+    # 1); the model's extra bytes count the rstd write, which FlashInfer does not do
     b = bytes_moved(variant.op, "fwd", shape.m, shape.n, DTYPES[dtype].itemsize, param_size=4 if weights == "fp32" else None)
     p.bytes_main, p.bytes_extra = b.main, b.extra
     status, reports, err, tb = check_point(fi, variant, shape, dtype, weights, device)
@@ -240,11 +224,7 @@ def measure(fi, variant: Variant, set_name: str, shape: Shape, dtype: str, weigh
         fn()
         timer.sync()
         p.compile_s = time.perf_counter() - t0
-        trials, used_graph = timer.time(fn, graph=set_name in GRAPH_SHAPE_SETS)
-        s = summarize(trials)
-        p.ms, p.ms_p95, p.trial_ms, p.spread, p.noisy = s["ms"], s["ms_p95"], s["trial_ms"], s["spread"], s["noisy"]
-        p.graph = used_graph
-        p.tbps = tbps(p.bytes_main, p.ms)
+        record_timing(p, fn, timer)
         p.frac_roofline = p.tbps / roof if roof else None
         p.status = "ok"
     except Exception as e:
@@ -383,7 +363,7 @@ def run(args) -> int:
             torch.cuda.empty_cache()
             last_shape = shape
         if meta["jit"].get("error"):  # every call would rebuild (and fail) again: recorded, not retried
-            p = FiPoint(v.name, v.op, w, set_name, shape.label, shape.m, shape.n, dtype, status="error")
+            p = new_point(v, w, set_name, shape, dtype, status="error")
             p.reason = f"JIT build failed: {meta['jit']['error']}"
         else:
             p = measure(fi, v, set_name, shape, dtype, w, "cuda", timer, roof)
