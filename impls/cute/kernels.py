@@ -135,6 +135,11 @@ _MAX_CHUNK_BYTES = 32 * 1024
 # dbias moves to shared memory there. That beat halving the chunk (a cluster twice as large) on the
 # H200: LayerNorm bwd at N = 65536, 285 vs 335 us.
 _DBIAS_SMEM_ABOVE_BYTES = 16 * 1024
+# Most ring stages of the backward. The stages ahead of the row being reduced are the SM's bytes in
+# flight: with at most 4, a stage of 20 KB (N = 5120, one 320-thread CTA per SM) kept 60 KB ahead
+# where 4096 and 8192 kept 96 KB, and ran at 70% of copy bandwidth against 92 / 87% (H200, bf16).
+# More stages fill the shared-memory budget instead.
+_MAX_STAGES = 8
 # Target vectors per thread: 64 B of x in 16-bit types in the forward, enough loads in flight; half
 # that in the backward, whose thread also carries fp32 dweight / dbias accumulators (registers).
 _VECS_PER_THREAD = {"fwd": 4, "bwd": 2}
@@ -227,6 +232,11 @@ def launch_shape(n: int, elem_bytes: int, vec: int, direction: str = "fwd", op: 
     max_tpr = 256 if stage else 512
     tpr = min(max_tpr, max(32 if stage else 1, _pow2_at_least(_cdiv(chunk_vecs, target))))
     vpt = _cdiv(chunk_vecs, tpr)
+    if direction == "bwd" and tpr >= 64:
+        # The backward's ring stages hold the tile as planned, columns past N included: at N = 5120
+        # a 512-thread tile of 8192 columns gave a stage 20 KB of row in 32 KB of shared memory, so
+        # fewer stages (rows in flight) fit than the bytes allow. Whole warps cover the row instead.
+        tpr = min(tpr, 32 * _cdiv(_cdiv(chunk_vecs, vpt), 32))
     if _leaves_a_cta_empty(n_vecs, cluster_n, tpr, vpt):
         for v in range(vpt, 0, -1):  # fewer vectors per thread: a finer tile
             warps = _cdiv(_cdiv(chunk_vecs, v), 32)
@@ -266,7 +276,7 @@ def backward_ring(launch: Launch, elem_bytes: int, op: str, residual: bool = Fal
     while ctas > 1 and (2 * stage_bytes + acc) * ctas > _SMEM_BUDGET:
         ctas //= 2
     # fp32 at N = 262144 fits a single stage (128 KB per CTA): correct, but loads do not overlap
-    stages = max(1, min(4, (_SMEM_BUDGET - acc * ctas) // (stage_bytes * ctas)))
+    stages = max(1, min(_MAX_STAGES, (_SMEM_BUDGET - acc * ctas) // (stage_bytes * ctas)))
     return BackwardRing(tensors, dbias, acc, ctas, stages)
 
 
@@ -618,18 +628,20 @@ class NormForward:
                 if const_expr(self.residual):
                     cute.copy(atom, tXgR, rR, pred=in_row)
         rW, rB = None, None
-        if const_expr(not L.late_weights):
+        if const_expr(not L.late_weights and not _y_per_vector(L, mW, self.dtype)):
             rW = load_weight(mW, L, thr, tiler, rank, tXgX, in_row)
             rB = load_weight(mB, L, thr, tiler, rank, tXgX, in_row)
         if const_expr(L.cluster_n > 1):
             cute.arch.cluster_wait()
+        ssq_thread = None  # this thread's sum of squares, when the fused add already took it
         if const_expr(L.stage_x):
             cute.arch.cp_async_wait_group(0)
-            read_staged(tXsX, rX, atom, in_row)
-        if const_expr(self.residual):
-            if const_expr(L.stage_x):
-                read_staged(tXsR, rR, atom, in_row)
-            add_residual(rX, rR, tXgH, tXsX, atom, in_row, row < M)
+            if const_expr(self.residual):
+                ssq_thread = add_residual_staged(tXsX, tXsR, tXgH, atom, in_row, row < M, L.vecs_per_thread)
+            else:
+                read_staged(tXsX, rX, atom, in_row)
+        elif const_expr(self.residual):
+            add_residual(rX, rR, tXgH, atom, in_row, row < M)
         inv_n = const_expr(1.0 / n)
         mean = Float32(0.0)
         if const_expr(L.one_exchange):
@@ -654,10 +666,12 @@ class NormForward:
             (ssq,) = row_allreduce(((xc * xc).reduce(cute.ReductionOp.ADD, Float32(0.0), 0),), L, sbuf, 1, None, 0)
             rstd = rstd_or_nan(ssq * inv_n, eps)
         else:
-            x = rX.load().to(Float32)
-            (ssq,) = row_allreduce(((x * x).reduce(cute.ReductionOp.ADD, Float32(0.0), 0),), L, sbuf, 0, mbar, 0)
+            if const_expr(ssq_thread is None):
+                x = rX.load().to(Float32)
+                ssq_thread = (x * x).reduce(cute.ReductionOp.ADD, Float32(0.0), 0)
+            (ssq,) = row_allreduce((ssq_thread,), L, sbuf, 0, mbar, 0)
             rstd = rstd_or_nan(ssq * inv_n, eps)
-        if const_expr(L.one_exchange):
+        if const_expr(_y_per_vector(L, mW, self.dtype)):
             # y one vector at a time: x from shared memory, weight and bias from L2, so only one
             # vector of each is live (all of them at once cost 80 registers, 3 CTAs per SM).
             tXgW = None if const_expr(mW is None) else thr.partition_S(
@@ -693,6 +707,17 @@ class NormForward:
                     mMean[row] = mean
 
 
+def _y_per_vector(launch: Launch, mW, dtype) -> bool:
+    """Write y one staged vector at a time, each with its weight (and bias) vector loaded just before:
+    the LayerNorm forward over a cluster (Launch.one_exchange), and a staged row whose weight is
+    wider than x (fp32 beside 16-bit x). That weight row whole in registers is 64 fp32 values per
+    thread beside x's vectors: ptxas spilled 150-250 B per thread at bf16 N = 16384 and 32768
+    (RMSNorm capped at 64 registers, add_rmsnorm at 80)."""
+    if launch.one_exchange:
+        return True
+    return launch.stage_x and mW is not None and mW.element_type.width > dtype.width
+
+
 @cute.jit
 def rstd_or_nan(var: Float32, eps: Float32) -> Float32:
     """1 / sqrt(var + eps), NaN where var is +inf: x^2 overflowed fp32 (|x| > 1.8e19), and
@@ -702,16 +727,44 @@ def rstd_or_nan(var: Float32, eps: Float32) -> Float32:
 
 
 @cute.jit
-def add_residual(rX: cute.Tensor, rR: cute.Tensor, tXgH: cute.Tensor, tXsX, atom, in_row, valid: Boolean):
+def add_residual(rX: cute.Tensor, rR: cute.Tensor, tXgH: cute.Tensor, atom, in_row, valid: Boolean):
     """rX <- h = x + residual, summed in fp32 and rounded once to x's dtype: the value the unfused
     model stores, so the statistics and y below see exactly what rmsnorm(residual_out) would.
-    h is written out as residual_out and, when x is staged, over x's vectors in shared memory
-    (this thread's own: no barrier), which the later passes re-read."""
+    h is written out as residual_out."""
     rX.store((rX.load().to(Float32) + rR.load().to(Float32)).to(rX.element_type))
     if valid:
         cute.copy(atom, rX, tXgH, pred=in_row)
-    if const_expr(tXsX is not None):
-        cute.autovec_copy(rX, tXsX)
+
+
+@cute.jit
+def add_residual_staged(tXsX: cute.Tensor, tXsR: cute.Tensor, tXgH: cute.Tensor, atom, in_row, valid: Boolean,
+                        vecs: cutlass.Constexpr) -> Float32:  # fmt: skip
+    """The fused add on staged rows, one vector at a time: h = x + residual (fp32 sum, rounded once),
+    written out as residual_out and over x's staged vector (this thread's own: no barrier), which
+    the later pass re-reads. Returns this thread's sum of h^2. Both rows whole in registers (the
+    add_residual form) held 2 x 8 vectors at once: ptxas capped at 80 registers (3 CTAs per SM)
+    spilled 176 B per thread at N = 16384 and 344 B over a cluster, and the staged fused add ran
+    at 39-56% of copy bandwidth on both GPUs against RMSNorm's 91-95%."""
+    ssq = Float32(0.0)
+    for k in cutlass.range_constexpr(vecs):
+        rH = cute.make_rmem_tensor_like(tXsX[None, None, k])
+        rR = cute.make_rmem_tensor_like(tXsR[None, None, k])
+        cute.autovec_copy(tXsX[None, None, k], rH)
+        cute.autovec_copy(tXsR[None, None, k], rR)
+        rH.store((rH.load().to(Float32) + rR.load().to(Float32)).to(rH.element_type))
+        cute.autovec_copy(rH, tXsX[None, None, k])
+        h = rH.load().to(Float32)
+        part = (h * h).reduce(cute.ReductionOp.ADD, Float32(0.0), 0)
+        if const_expr(in_row is None):
+            ssq = ssq + part
+            if valid:
+                cute.copy(atom, rH, tXgH[None, None, k])
+        else:
+            # a vector past N was never staged: what shared memory holds there must not reach the sum
+            ssq = ssq + cutlass.select_(in_row[0, 0, k], part, Float32(0.0))
+            if valid and in_row[0, 0, k]:
+                cute.copy(atom, rH, tXgH[None, None, k])
+    return ssq
 
 
 @cute.jit
