@@ -198,16 +198,26 @@ def test_launch_shapes_cover_the_row_once():
     for n in (1, 7, 1000, 1001, 4096, 7168, 16384, 65536, 131080, 262144):
         for elem in (2, 4):
             vec = math.gcd(n, 16 // elem)
-            for op in ("rmsnorm", "layernorm", "add_rmsnorm"):
+            for op, residual in (("rmsnorm", False), ("rmsnorm", True), ("layernorm", False), ("add_rmsnorm", True)):
                 for direction in ("fwd", "bwd"):
-                    L = K.launch_shape(n, elem, vec, direction, op)
+                    L = K.launch_shape(n, elem, vec, direction, op, residual=residual)
                     assert L.cluster_n * L.chunk >= n  # every column is covered
                     assert (L.cluster_n - 1) * L.chunk < n  # and no CTA of a cluster is empty
                     assert L.cluster_n == 1 or L.rows_per_cta == 1
                     assert L.chunk * elem <= 2 * 32 * 1024 or L.cluster_n == 16
                     assert not L.stage_x or (direction == "fwd" and L.threads_per_row >= 32)
-                    few = K.launch_shape(n, elem, vec, direction, op, few_rows=True)
+                    few = K.launch_shape(n, elem, vec, direction, op, few_rows=True, residual=residual)
                     assert few == L if L.cluster_n > 1 or not L.stage_x else not few.stage_x
+
+
+def test_backward_tiles_of_whole_warps():
+    """Past a non-power-of-two row the backward's tile is the fewest whole warps (LayerNorm, the fused
+    add, and RMSNorm from 512 threads), not the next power of two, which left threads idle."""
+    for op, residual, n, tpr in (("layernorm", False, 2304, 160), ("rmsnorm", True, 2304, 160),
+                                 ("rmsnorm", False, 5120, 320), ("rmsnorm", False, 2880, 256)):
+        L = K.launch_shape(n, 2, 8, "bwd", op, residual=residual)
+        assert (L.threads_per_row, L.threads_per_row * L.vecs_per_thread * 8 >= n) == (tpr, True)
+        assert K.compile_only(op, "bwd", BF16, n, residual=residual) > 0
 
 
 def test_few_rows_compile_an_unstaged_forward():

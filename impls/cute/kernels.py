@@ -135,11 +135,10 @@ _MAX_CHUNK_BYTES = 32 * 1024
 # dbias moves to shared memory there. That beat halving the chunk (a cluster twice as large) on the
 # H200: LayerNorm bwd at N = 65536, 285 vs 335 us.
 _DBIAS_SMEM_ABOVE_BYTES = 16 * 1024
-# Most ring stages of the backward. The stages ahead of the row being reduced are the SM's bytes in
-# flight: with at most 4, a stage of 20 KB (N = 5120, one 320-thread CTA per SM) kept 60 KB ahead
-# where 4096 and 8192 kept 96 KB, and ran at 70% of copy bandwidth against 92 / 87% (H200, bf16).
-# More stages fill the shared-memory budget instead.
-_MAX_STAGES = 8
+# Most ring stages of the backward. More stages keep more rows in flight, but measured they did not
+# pay (H100, bf16): RMSNorm at N = 4001 fell from 67 to 43% of copy bandwidth with 8 stages, at 3584
+# and 7168 from 94-95 to 84-88% with 6 or 7; the fused add and LayerNorm moved within 2 points.
+_MAX_STAGES = 4
 # Target vectors per thread: 64 B of x in 16-bit types in the forward, enough loads in flight; half
 # that in the backward, whose thread also carries fp32 dweight / dbias accumulators (registers).
 _VECS_PER_THREAD = {"fwd": 4, "bwd": 2}
@@ -208,8 +207,10 @@ def _leaves_a_cta_empty(n_vecs: int, cluster_n: int, tpr: int, vpt: int) -> bool
     return cluster_n > 1 and (cluster_n - 1) * tpr * vpt >= n_vecs
 
 
-def launch_shape(n: int, elem_bytes: int, vec: int, direction: str = "fwd", op: str = "rmsnorm", few_rows: bool = False) -> Launch:
-    """``few_rows``: no more rows than SMs. Staging a row held by one CTA only pays by fitting more
+def launch_shape(n: int, elem_bytes: int, vec: int, direction: str = "fwd", op: str = "rmsnorm", few_rows: bool = False,
+                 residual: bool = False) -> Launch:  # fmt: skip
+    """``residual``: the fused add's backward (RMSNorm's, with dresidual_out in the ring).
+    ``few_rows``: no more rows than SMs. Staging a row held by one CTA only pays by fitting more
     CTAs per SM; with a CTA per SM at most it is a shared-memory round trip for nothing (H200,
     LayerNorm forward at 128 x 8192 bf16: 32 -> 27% of copy bandwidth staged).
 
@@ -232,10 +233,12 @@ def launch_shape(n: int, elem_bytes: int, vec: int, direction: str = "fwd", op: 
     max_tpr = 256 if stage else 512
     tpr = min(max_tpr, max(32 if stage else 1, _pow2_at_least(_cdiv(chunk_vecs, target))))
     vpt = _cdiv(chunk_vecs, tpr)
-    if direction == "bwd" and tpr >= 64:
-        # The backward's ring stages hold the tile as planned, columns past N included: at N = 5120
-        # a 512-thread tile of 8192 columns gave a stage 20 KB of row in 32 KB of shared memory, so
-        # fewer stages (rows in flight) fit than the bytes allow. Whole warps cover the row instead.
+    if direction == "bwd" and tpr >= 64 and (tpr >= 512 or residual or op == "layernorm"):
+        # A power-of-two tile past a non-power-of-two row leaves threads without columns: at
+        # N = 2304 256 threads of which 144 work. Whole warps cover the row instead (H100, bf16, %
+        # of copy bandwidth): LayerNorm 69 -> 80 at 2304, 81 -> 87 at 10240; the fused add 83 -> 94
+        # at 2304; RMSNorm 86 -> 90 at 5120 (512 -> 320 threads). Not plain RMSNorm's CTAs of fewer
+        # than 512 threads: at 2880 its 192-thread CTAs (2 per SM) fell from 93 to 81%.
         tpr = min(tpr, 32 * _cdiv(_cdiv(chunk_vecs, vpt), 32))
     if _leaves_a_cta_empty(n_vecs, cluster_n, tpr, vpt):
         for v in range(vpt, 0, -1):  # fewer vectors per thread: a finer tile
@@ -339,7 +342,7 @@ def check_launch(launch: Launch, n: int, smem: int, what: str = "") -> None:
 def planned_launch(n: int, elem_bytes: int, vec: int, direction: str, op: str, few_rows: bool = False,
                    residual: bool = False) -> tuple[Launch, int]:  # fmt: skip
     """(launch shape, dynamic shared memory bytes), valid by construction: ValueError otherwise."""
-    launch = launch_shape(n, elem_bytes, vec, direction, op, few_rows)
+    launch = launch_shape(n, elem_bytes, vec, direction, op, few_rows, residual)
     smem = shared_memory_bytes(launch, elem_bytes, op, direction, residual)
     what = f"{op} {direction} at N = {n} with {elem_bytes}-byte elements" + (" and a residual row" if residual else "")
     check_launch(launch, n, smem, what)
