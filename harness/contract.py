@@ -43,6 +43,7 @@ import contextlib
 import importlib
 import importlib.util
 import os
+import re
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any, Callable
@@ -320,9 +321,18 @@ def _load_raw(impl: Implementation, device: str):
     return raw
 
 
+# Terminal colour codes: CuTe DSL's compiler errors carry them, and a report is not a terminal.
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+
+
+def plain_text(text: str) -> str:
+    """``text`` without terminal escape codes."""
+    return _ANSI.sub("", text)
+
+
 def describe_error(e: BaseException, limit: int = 400) -> str:
     """'ExceptionType: first line of the message': how a failed point is recorded in a report."""
-    lines = str(e).strip().splitlines()
+    lines = plain_text(str(e)).strip().splitlines()
     return f"{type(e).__name__}: {lines[0] if lines else ''}"[:limit]
 
 

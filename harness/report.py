@@ -9,6 +9,7 @@ from pathlib import Path
 
 from . import rank
 from .bench import load_results, read_meta
+from .contract import plain_text
 
 CSV_FIELDS = (
     "impl", "dsl", "external", "op", "direction", "shape_set", "shape", "M", "N", "dtype", "weights", "status", "check",
@@ -81,7 +82,8 @@ def markdown(meta: dict, rows: list[dict], rel_plots: str | None = "") -> str:
         failed = [r for r in rows if rank.section_of(r) == (op, direction, shape_set, dtype) and r["status"] in ("failed", "error")]
         if failed:
             lines += ["Failed or crashed points (never ranked):", ""]
-            lines += [f"- {r['impl']} {r['shape']}: {r['status']} — {(r.get('check') or r.get('reason') or '')[:200]}" for r in failed]
+            lines += [f"- {r['impl']} {r['shape']}: {r['status']} — {plain_text(r.get('check') or r.get('reason') or '')[:200]}"
+                      for r in failed]
             lines.append("")
     lines += _dsl_section(rows)
     lines += _llm_section(rows)

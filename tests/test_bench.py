@@ -282,3 +282,14 @@ def test_between_points_are_drawn_on_the_sweeps_axes(tmp_path, monkeypatch):
     assert sorted(drawn) == [[1536, 3072], [4001]]
     text = report.markdown({"gpu": "Fake GPU", "copy_bandwidth_tbps": 4.0}, rows)
     assert text.count("(plot-rmsnorm-fwd-bf16.png)") == 2 and "## rmsnorm fwd — between, bf16" in text
+
+
+def test_error_text_reaches_reports_without_terminal_colour_codes():
+    """CuTe DSL's compiler colours its errors; a crashed point is recorded and reported as plain text."""
+    from harness.contract import describe_error
+
+    coloured = "\x1b[91m\x1b[1merror[INTERNAL]:\x1b[0m The compiler could not build valid IR\nmore"
+    assert describe_error(RuntimeError(coloured)) == "RuntimeError: error[INTERNAL]: The compiler could not build valid IR"
+    crashed = dict(_row("fast", 1024, None, status="error"), reason=f"DSLRuntimeError: {coloured}")
+    md = report.markdown({"gpu": "Fake GPU"}, [_row("fast", 4096, 0.5, frac=1.0), crashed], rel_plots=None)
+    assert "fast 1024x1024: error — DSLRuntimeError: error[INTERNAL]: The compiler" in md and "\x1b" not in md

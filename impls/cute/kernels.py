@@ -82,14 +82,17 @@ LayerNorm chunks over 16 KB per CTA, dbias accumulates in shared memory). The ac
 are written once per CTA row-slot to an fp32 partial buffer (slots, N) that torch sums over slots
 in fp32: no atomics, bit-identical run to run.
 
-Known limits (H200, bf16 sweep, fraction of copy bandwidth): RMSNorm forward 90-97% at every N.
-LayerNorm forward 90-94% up to N = 8192, then 86 / 84 / 82 / 74% at 16384 / 32768 / 65536 / 262144.
-At 16384 its staged CTA needs 80 registers, so 3 CTAs fit per SM (ncu: 34% of warps active), each
-waiting through two dependent row reductions. Over a cluster (one_exchange: 79 / 74 / 64% before)
-6 CTAs fit, but probably wait on L2 for weight and bias one vector after another (RMSNorm written
-that way fell from 95 to 82% at N = 32768; no counters taken); of the 5-10 points gained, one
-exchange instead of two gave 1.5-2.5, the register diet the rest. The backward reaches 70-92%
-(RMSNorm) and 45-82% (LayerNorm); its persistent CTAs of 512 threads x 128 registers are one per SM.
+Known limits (H200, bf16 sweep, fraction of copy bandwidth, reports/nvidia-h200/2026-11-22): RMSNorm
+forward 90-96% at every N; the fused add's 94-97% up to N = 65536, 79% at 262144. LayerNorm forward
+91-95% up to N = 8192, then 84 / 84 / 81 / 74% at 16384 / 32768 / 65536 / 262144. At 16384 its
+staged CTA needs 80 registers, so 3 CTAs fit per SM (ncu: 34% of warps active), each waiting
+through two dependent row reductions. Over a cluster (one_exchange: 79 / 74 / 64% before) 6 CTAs
+fit, but probably wait on L2 for weight and bias one vector after another (RMSNorm written that way
+fell from 95 to 82% at N = 32768; no counters taken); of the 5-10 points gained, one exchange
+instead of two gave 1.5-2.5, the register diet the rest. The backward reaches 80-92% (RMSNorm, 73%
+at 262144), 74-93% (the fused add) and 44-82% (LayerNorm); its persistent CTAs of 512 threads x 128
+registers are one per SM. Rows that are not a power of two wide lost most where the ring's stages
+held padding: whole-warp tiles took RMSNorm at N = 5120 from 70 to 92%.
 fp32 at N = 262144 fits one ring stage only (128 KB per CTA): correct, not overlapped.
 
 Compilation: one kernel per (op, direction, dtype, N, vec, weight / bias dtypes, residual, launch)
@@ -150,7 +153,8 @@ _STAGED_VECS_PER_THREAD = 8
 # RMSNorm (its natural count; more headroom only made ptxas take 78), 3 x 80 for LayerNorm (83-89
 # uncapped: 2 CTAs per SM; capped, ptxas spills 8-32 B per thread). 128-thread staged CTAs (rows of
 # 10-16 KB) fit 5-7 per SM uncapped; a cap there only made ptxas spill. add_rmsnorm stages two rows
-# (x and the residual: 64 KB per CTA), so shared memory allows 3 CTAs (not measured yet).
+# (x and the residual: 64 KB per CTA), so shared memory allows 3 CTAs: 95-99% of copy bandwidth at
+# N = 16384-65536 on both GPUs once the add went one vector at a time (add_residual_staged).
 _STAGED_CTAS_PER_SM = {"rmsnorm": 4, "add_rmsnorm": 3, "layernorm": 3}
 # The LayerNorm forward over a cluster (Launch.one_exchange) takes 38-40 registers uncapped; 6 CTAs
 # is what its 32 KB of shared memory per CTA allows, so this cap only keeps a later change from
