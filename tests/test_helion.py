@@ -172,6 +172,19 @@ def test_n_buckets():
     assert configs.bucket(2**20, tuned) is None  # longer than anything tuned: the default
 
 
+@pytest.mark.parametrize("entry", ["rmsnorm_fwd", "rmsnorm_bwd", "layernorm_fwd", "layernorm_bwd"])
+def test_tuning_always_tries_the_fallback_first(entry):
+    """A tuned entry must beat what a GPU without a table runs: the fallback is the first candidate
+    at every N, once, and the derived configs follow it."""
+    from impls.helion import tune
+
+    for n in (1024, 2880, 5120, 16384, 20001, 65536, 262144):
+        cands = tune.candidates(entry, 2**26 // n, n, 132)
+        entries = [c.entry() for c in cands]
+        assert entries[0] == configs.default_config(entry, n).entry()
+        assert entries.count(entries[0]) == 1 and 1 < len(cands) <= tune.MAX_CANDIDATES
+
+
 def test_few_rows_shrink_the_resident_backwards_block():
     """Decode sizes: a block of rows tuned for tens of thousands of rows would leave most SMs idle;
     the rows per program shrink (a power of two, at least one step) until each SM has a program."""

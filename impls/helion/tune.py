@@ -29,7 +29,7 @@ import torch
 from . import configs
 from .configs import Pinned
 
-MAX_CANDIDATES = 12
+MAX_CANDIDATES = 13  # the fallback and up to 12 derived configs
 ELEMENT_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
 TENSORS_MOVED = {"fwd": 2, "bwd": 3}  # fwd: x in, y out; bwd: x and dy in, dx out
 
@@ -43,13 +43,18 @@ def _warps(elements: int, per_thread: int) -> int:
 
 
 def candidates(entry: str, m: int, n: int, sms: int) -> list[Pinned]:
-    """The configs tried for ``entry`` at (M, N): a spread around whole rows in registers with
+    """The configs tried for ``entry`` at (M, N): the fallback ``default_config``, then a spread
+    around whole rows in registers with
     8-64 fp32 values per thread and a few programs per SM (plus software pipelining or unrolling of
     the backward's row loop); for wide rows, column chunks of 4K-32K elements (forward) or the split
     backward with 64-256 rows x 512-2048 columns per program."""
     op, direction = entry.split("_")
     width = 1 << max(0, n - 1).bit_length()
-    out: list[Pinned] = []
+    # The fallback is always a candidate, first (never cut by MAX_CANDIDATES): a tuned entry must
+    # beat what a GPU without a table runs. Without it the H100's table lost to the fallback at
+    # RMSNorm bwd, N = 16384 (73 vs 81% of copy bandwidth: 64 rows x 16 warps was not a candidate).
+    fallback = configs.default_config(entry, n)
+    out: list[Pinned] = [Pinned(fallback.kernel, fallback.config, "candidate", fallback.first_pass)]
 
     def add(kernel: str, first_pass: dict | None = None, **config):
         p = Pinned(f"{op}_{kernel}", config, "candidate", first_pass)
