@@ -226,7 +226,8 @@ def plots(meta: dict, rows: list[dict], out_dir: Path) -> list[Path]:
     written = []
     figures = sorted({(op, direction, dtype) for op, direction, shape_set, dtype in rank.sections(rows) if shape_set in PLOTTED})
     for op, direction, dtype in figures:
-        sel = [r for r in rows if rank.section_of(r) in {(op, direction, s, dtype) for s in PLOTTED} and r["status"] == "ok"]
+        keys = {(op, direction, s, dtype) for s in PLOTTED}
+        sel = [r for r in rows if rank.section_of(r) in keys and r["status"] == "ok"]
         if not sel:
             continue
         fig, ax = plt.subplots(figsize=(12, 5.5))
