@@ -240,12 +240,24 @@ def _shape_sets(value: str | None, device: str):
         names = [v.strip() for v in value.split(",") if v.strip()]
     out = []
     for nm in names:
-        if nm in SHAPE_SETS:
+        # 'sweep@5120-' keeps the set's name (and so its place in reports and --resume) for the
+        # points with 5120 <= N: a long per-shape search (compile-max-autotune) can be split over runs.
+        ranged = re.fullmatch(r"([a-z]+)@([0-9]*)-([0-9]*)", nm)
+        if ranged and ranged[1] in SHAPE_SETS:
+            lo, hi = int(ranged[2] or 0), int(ranged[3] or 2**62)
+            picked = tuple(s for s in SHAPE_SETS[ranged[1]] if lo <= s.n <= hi)
+            if not picked:
+                raise UsageError(f"shape set '{ranged[1]}' has no N in {lo}..{ranged[3] or 'inf'}")
+            out.append((ranged[1], picked))
+        elif nm in SHAPE_SETS:
             out.append((nm, SHAPE_SETS[nm]))
         elif re.fullmatch(r"[0-9x]+(:[a-z-]+)?", nm):
             out.append(("custom", (_shape(nm),)))
         else:
-            raise UsageError(f"unknown shape set '{nm}'; choose from {', '.join(SHAPE_SETS)} or give a shape like 4096x8192")
+            raise UsageError(
+                f"unknown shape set '{nm}'; choose from {', '.join(SHAPE_SETS)}, a range of one ('sweep@5120-', "
+                "'sweep@-4096') or a shape like 4096x8192"
+            )
     return out
 
 
@@ -648,7 +660,7 @@ def build_parser() -> argparse.ArgumentParser:
         s.add_argument("--op", help=OP_HELP)
         s.add_argument("--weights", help=f"the parameters: {', '.join(WEIGHTS)} (fp32 beside 16-bit x; Gemma's 1 + w) (comma-separated for bench)")
         s.add_argument("--direction", help=f"{', '.join(directions)} (comma-separated)")
-        s.add_argument("--shapes", help="shape set(s): smoke, edge, sweep, between, decode, or MxN (comma-separated)")
+        s.add_argument("--shapes", help="shape set(s): smoke, edge, sweep, between, decode, SET@LO-HI (the set's N in LO..HI, either side open), or MxN (comma-separated)")
         s.add_argument("--dtype", help=f"{', '.join(DTYPES)} (comma-separated)")
 
     s = sub.add_parser("check", help="the correctness matrix against the fp64 reference")

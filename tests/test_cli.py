@@ -33,6 +33,7 @@ def test_list_json_shows_eager_and_compile():
         (["check", "--dtype", "int8"], "unknown dtype"),
         (["check", "--op", "batchnorm"], "unknown op"),
         (["check", "--shapes", "huge"], "unknown shape set"),
+        (["check", "--shapes", "sweep@300000-"], "has no N in 300000..inf"),
         (["codegen", "eager"], "no codegen hook"),
         (["rank", "/nonexistent"], "no such benchmark folder"),
     ],
@@ -41,6 +42,18 @@ def test_bad_input_is_one_line_and_exit_2(args, needle, capsys):
     assert main(args) == 2
     err = capsys.readouterr().err.strip()
     assert needle in err and len(err.splitlines()) == 1
+
+
+def test_a_range_of_a_shape_set_keeps_its_name_and_its_n_in_range():
+    from harness.cli import _shape_sets
+    from harness.shapes import SHAPE_SETS, SWEEP_N
+
+    [(name, shapes)] = _shape_sets("sweep@5120-", "cuda")
+    assert name == "sweep" and [s.n for s in shapes] == [n for n in SWEEP_N if n >= 5120]
+    [(_, shapes)] = _shape_sets("between@-4001", "cuda")
+    assert {s.n for s in shapes} == {s.n for s in SHAPE_SETS["between"] if s.n <= 4001} and len(shapes) == 5
+    [(_, shapes)] = _shape_sets("sweep@2048-4096", "cuda")
+    assert [s.n for s in shapes] == [2048, 2880, 4096]
 
 
 def test_bench_without_gpu_is_one_line_and_exit_2():
