@@ -673,7 +673,9 @@ class NormForward:
             (ssq,) = row_allreduce(((xc * xc).reduce(cute.ReductionOp.ADD, Float32(0.0), 0),), L, sbuf, 1, None, 0)
             rstd = rstd_or_nan(ssq * inv_n, eps)
         else:
-            if const_expr(ssq_thread is None):
+            if const_expr(ssq_thread is None and L.stage_x):
+                ssq_thread = sum_of_squares_by_vector(rX, L.vecs_per_thread)
+            elif const_expr(ssq_thread is None):
                 x = rX.load().to(Float32)
                 ssq_thread = (x * x).reduce(cute.ReductionOp.ADD, Float32(0.0), 0)
             (ssq,) = row_allreduce((ssq_thread,), L, sbuf, 0, mbar, 0)
@@ -771,6 +773,19 @@ def add_residual_staged(tXsX: cute.Tensor, tXsR: cute.Tensor, tXgH: cute.Tensor,
             ssq = ssq + cutlass.select_(in_row[0, 0, k], part, Float32(0.0))
             if valid and in_row[0, 0, k]:
                 cute.copy(atom, rH, tXgH[None, None, k])
+    return ssq
+
+
+@cute.jit
+def sum_of_squares_by_vector(rX: cute.Tensor, vecs: cutlass.Constexpr) -> Float32:
+    """This thread's sum of x^2 in add_residual_staged's order (vector by vector), so that a staged
+    RMSNorm row gives the fused add's rstd to the bit: y = rmsnorm(residual_out) as stored. Summed
+    over all vectors at once, the order differed and so did y, by an ulp (fp16 / fp32 rows of
+    131080 and 262144 over a cluster, on the H100)."""
+    ssq = Float32(0.0)
+    for k in cutlass.range_constexpr(vecs):
+        x = rX[None, None, k].load().to(Float32)
+        ssq = ssq + (x * x).reduce(cute.ReductionOp.ADD, Float32(0.0), 0)
     return ssq
 
 
