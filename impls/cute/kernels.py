@@ -93,7 +93,12 @@ instead of two gave 1.5-2.5, the register diet the rest. The backward reaches 80
 at 262144), 74-93% (the fused add) and 44-82% (LayerNorm); its persistent CTAs of 512 threads x 128
 registers are one per SM. Rows that are not a power of two wide lost most where the ring's stages
 held padding: whole-warp tiles took RMSNorm at N = 5120 from 70 to 92%.
-fp32 at N = 262144 fits one ring stage only (128 KB per CTA): correct, not overlapped.
+fp32 at N = 262144 fits one ring stage only (128 KB per CTA): correct, not overlapped. In the
+forward, an fp32 row of 262144 gives each thread 16 vectors of 4 (64 registers for x alone) under
+the 64-register cap of 4 staged CTAs per SM: ptxas spills 120 B per thread (cuobjdump -res-usage of
+the sm_90a build) and the fp32 RMSNorm forward runs at 69% (H100) / 61% (H200) of copy bandwidth
+there, against 99 / 96% at 65536 (both reports' fp32 sweeps). Not fixed: writing y one vector at a
+time there would cost the weight loads' L2 latency (above), unmeasured at this N.
 
 Compilation: one kernel per (op, direction, dtype, N, vec, weight / bias dtypes, residual, launch)
 key, compiled on first use with M (the row count) symbolic, so a new M never recompiles;
