@@ -767,8 +767,7 @@ def add_residual_staged(tXsX: cute.Tensor, tXsR: cute.Tensor, tXgH: cute.Tensor,
         cute.autovec_copy(tXsR[None, None, k], rR)
         rH.store((rH.load().to(Float32) + rR.load().to(Float32)).to(rH.element_type))
         cute.autovec_copy(rH, tXsX[None, None, k])
-        h = rH.load().to(Float32)
-        part = (h * h).reduce(cute.ReductionOp.ADD, Float32(0.0), 0)
+        part = vector_sum_of_squares(rH)
         if const_expr(in_row is None):
             ssq = ssq + part
             if valid:
@@ -782,6 +781,13 @@ def add_residual_staged(tXsX: cute.Tensor, tXsR: cute.Tensor, tXgH: cute.Tensor,
 
 
 @cute.jit
+def vector_sum_of_squares(rV: cute.Tensor) -> Float32:
+    """The sum of x^2 over one vector, the one summation both staged RMSNorm paths use."""
+    v = rV.load().to(Float32)
+    return (v * v).reduce(cute.ReductionOp.ADD, Float32(0.0), 0)
+
+
+@cute.jit
 def sum_of_squares_by_vector(rX: cute.Tensor, vecs: cutlass.Constexpr) -> Float32:
     """This thread's sum of x^2 in add_residual_staged's order (vector by vector), so that a staged
     RMSNorm row gives the fused add's rstd to the bit: y = rmsnorm(residual_out) as stored. Summed
@@ -789,8 +795,7 @@ def sum_of_squares_by_vector(rX: cute.Tensor, vecs: cutlass.Constexpr) -> Float3
     131080 and 262144 over a cluster, on the H100)."""
     ssq = Float32(0.0)
     for k in cutlass.range_constexpr(vecs):
-        x = rX[None, None, k].load().to(Float32)
-        ssq = ssq + (x * x).reduce(cute.ReductionOp.ADD, Float32(0.0), 0)
+        ssq = ssq + vector_sum_of_squares(rX[None, None, k])
     return ssq
 
 
