@@ -437,6 +437,30 @@ def cmd_bench(a) -> int:
     return 0
 
 
+def cmd_warm(a) -> int:
+    from .registry import select
+    from .roofline import DIRECTIONS_BENCH
+    from .warm import run_warm
+
+    if a.jobs < 1:
+        raise UsageError("--jobs must be >= 1")
+    _require_cuda("warm")
+    ops = _split(a.op, OPS, "op")
+    dirs = _split(a.direction or "fwd,bwd", DIRECTIONS_BENCH, "direction")
+    dtypes = _split(a.dtype or "bf16", tuple(DTYPES), "dtype")
+    sets = _shape_sets(a.shapes or "sweep,decode", "cuda")
+    weights = _split(a.weights or "same", WEIGHTS, "weights")
+    impls = select(a.impl)
+    out = _output_dir(a.out, "--out")
+    rows = run_warm(impls, ops, dirs, sets, dtypes, out, jobs=a.jobs, weights=weights)
+    bad = [r for r in rows if r["status"] != "ok"]
+    total = sum(r["search_s"] for r in rows)
+    print(f"warmed {len(rows) - len(bad)} of {len(rows)} points ({total:.0f} s of searches over {a.jobs} processes); wrote {out}/warm.jsonl")
+    for r in bad:
+        print(f"  {r['impl']} {r['op']} {r['direction']} {r['shape']} {r['dtype']}: {r['reason']}")
+    return 0
+
+
 def _ints(value: str, what: str) -> list[int]:
     try:
         out = [int(v) for v in value.split(",") if v.strip()]
@@ -682,6 +706,12 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--rep-ms", type=int, default=100, help="time budget of each trial's repetitions (do_bench rep)")
     s.add_argument("--warmup-ms", type=int, default=25, help="warm-up of each trial (do_bench warmup)")
     s.set_defaults(fn=cmd_bench)
+
+    s = sub.add_parser("warm", help="compile and autotune points in parallel processes, for a later bench to find in the caches (GPU)")
+    common(s, ("fwd", "bwd", "fwdbwd"))
+    s.add_argument("--out", required=True, help="folder for warm.jsonl (each point's search seconds): the bench's report folder")
+    s.add_argument("--jobs", type=int, default=max(1, min(8, (os.cpu_count() or 2) // 2)), help="worker processes (default: half the CPUs, at most 8)")
+    s.set_defaults(fn=cmd_warm)
 
     s = sub.add_parser("rank", help="leaderboards from benchmark results (default: the newest report)")
     s.add_argument("results", nargs="*", help="report folders or results.jsonl files")

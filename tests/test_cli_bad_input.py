@@ -150,6 +150,9 @@ BAD_ARGS = [
     (["rank", "{T}/nowhere"], "no such benchmark folder"),
     (["merge", "{GOOD}"], "merge: the following arguments are required"),
     (["tune", "--impl", "helion"], "needs a CUDA GPU"),
+    (["warm", "--out", "{T}/w"], "needs a CUDA GPU"),
+    (["warm", "--out", "{T}/w", "--jobs", "0"], "--jobs must be >= 1"),
+    (["warm", "--impl", "eager"], "warm: the following arguments are required: --out"),
     (["bench", "--out", "{GOOD}", "--impl", "eager"], "already holds benchmark results"),
     (["tritonbench", "--op"], "tritonbench: argument --op: expected one argument"),
     (["generate", "--samples", "x"], "generate"),
@@ -162,7 +165,7 @@ BAD_ARGS = [
 def test_bad_arguments_are_one_line_and_exit_2(argv, needle, tmp_path, capsys):
     import torch
 
-    if argv[:1] == ["tune"] and torch.cuda.is_available():
+    if (argv[:1] == ["tune"] or argv[:1] == ["warm"] and "--jobs" not in argv) and torch.cuda.is_available():
         pytest.skip("a GPU is present")
     good = _folder(tmp_path / "good")
     before = _snapshot(good)

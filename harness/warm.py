@@ -1,0 +1,150 @@
+"""`normbench warm`: run each point's first call (compilation and autotuning) in parallel processes,
+so that a later `normbench bench` finds every search done in the on-disk caches.
+
+Why: torch.compile's max-autotune searches each shape's reduction kernels one candidate after
+another (coordinate descent: compile a config, time it, step), 30-70 s per backward point on an
+H100 / H200, and almost all of that is the CPU compiling candidates while the GPU waits. One
+process per point-queue overlaps those compiles; only the candidates' timings need the GPU, and
+two of them running at once would skew which config wins. So every timing Inductor's autotuner
+takes (``CachingAutotuner.bench``: the max-autotune sweep and each coordinate-descent trial), and
+every input a worker draws on the GPU, holds an exclusive lock on one file that all workers
+share: the searches compile side by side and time one at a time, as they would alone.
+
+What it leaves: Inductor's and Triton's on-disk caches (``TORCHINDUCTOR_CACHE_DIR``,
+``TRITON_CACHE_DIR``: the defaults, or whatever the caller sets for both commands), with each
+kernel's chosen config. A `normbench bench` of the same points then compiles from them: its
+``compile_s`` is a cache hit, not the search, so ``warm.jsonl`` (written here, one line per point)
+keeps each point's search seconds. Nothing is checked or timed here: correctness and timing are
+`normbench bench`'s, in one process, with the GPU to itself.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import time
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from multiprocessing import get_context
+from pathlib import Path
+
+_LOCK_PATH: str | None = None
+_LOCK_DEPTH = 0
+
+
+@contextlib.contextmanager
+def gpu_exclusive():
+    """Hold the workers' shared lock (re-entrant within a process; a no-op outside a warm worker)."""
+    global _LOCK_DEPTH
+    if _LOCK_PATH is None or _LOCK_DEPTH:
+        _LOCK_DEPTH += 1
+        try:
+            yield
+        finally:
+            _LOCK_DEPTH -= 1
+        return
+    with open(_LOCK_PATH, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        _LOCK_DEPTH += 1
+        try:
+            yield
+        finally:
+            _LOCK_DEPTH -= 1
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def exclusive_method(cls, name: str) -> None:
+    """Make ``cls.name`` run under ``gpu_exclusive`` (once per class)."""
+    original = getattr(cls, name)
+    if getattr(original, "_normbench_exclusive", False):
+        return
+
+    def locked(*args, **kwargs):
+        with gpu_exclusive():
+            return original(*args, **kwargs)
+
+    locked._normbench_exclusive = True
+    setattr(cls, name, locked)
+
+
+def _lock_inductor_timings() -> None:
+    """Inductor times every autotuning candidate through ``CachingAutotuner.bench`` (torch 2.11 and
+    2.13 alike). Without it a parallel search would time candidates side by side: refuse."""
+    from torch._inductor.runtime.triton_heuristics import CachingAutotuner
+
+    if not callable(getattr(CachingAutotuner, "bench", None)):
+        raise RuntimeError("this torch's Inductor has no CachingAutotuner.bench to serialize: run normbench warm with --jobs 1")
+    exclusive_method(CachingAutotuner, "bench")
+
+
+def _init_worker(lock_path: str) -> None:
+    global _LOCK_PATH
+    _LOCK_PATH = lock_path
+    _lock_inductor_timings()
+
+
+def warm_point(impl_name: str, op: str, direction: str, shape, dtype: str, weights: str, device: str) -> dict:
+    """One point's first call, as `normbench bench` makes it (same inputs, same callables)."""
+    import torch
+
+    from .bench import callables
+    from .contract import DTYPES, describe_error
+    from .inputs import make_case
+    from .registry import get
+
+    row = {"impl": impl_name, "op": op, "direction": direction, "shape": shape.label, "dtype": dtype, "weights": weights}
+    impl = get(impl_name)
+    t0 = time.perf_counter()
+    try:
+        k = impl.kernels(device)
+        with gpu_exclusive():
+            case = make_case(op, shape, DTYPES[dtype], device, 0, weights=weights)
+        callables(k, op, direction, case)()
+        if device == "cuda":
+            torch.cuda.synchronize()
+        row["status"] = "ok"
+    except Exception as e:  # one point that does not compile never stops the others
+        row["status"] = "error"
+        row["reason"] = describe_error(e)
+    row["search_s"] = round(time.perf_counter() - t0, 2)
+    return row
+
+
+def run_warm(impls, ops, directions, shape_sets, dtypes, out_dir: Path, jobs: int, device: str = "cuda", weights=("same",), progress: bool = True) -> list[dict]:
+    """Warm every planned point over ``jobs`` processes; rows of ``out_dir/warm.jsonl`` (appended)."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from .bench import load_results, plan, point_key
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    # points the folder's results already hold need no search (a bench --resume skips them)
+    results = out_dir / "results.jsonl"
+    done = {point_key(r) for r in load_results(results)} if results.is_file() else set()
+    todo = [
+        t for t in plan(impls, ops, directions, shape_sets, dtypes, weights)
+        if t[0].unavailable(device) is None and t[5] in t[0].dtypes and (t[0].name, t[1], t[2], t[4].label, t[5], t[6]) not in done
+    ]  # fmt: skip
+    lock = out_dir / ".warm.lock"
+    lock.touch()
+    # the costly points first, so that the last worker does not start a 60 s search alone
+    todo.sort(key=lambda t: (t[2] == "fwd", -t[4].n))
+    rows = []
+    cols = (TextColumn("[bold]warm"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), TextColumn("{task.description}"))
+    # spawn: each worker gets a CUDA context of its own (a forked one cannot)
+    with (
+        ProcessPoolExecutor(max_workers=jobs, mp_context=get_context("spawn"), initializer=_init_worker, initargs=(str(lock),)) as pool,
+        Progress(*cols, disable=not progress, transient=False) as bar,
+        (out_dir / "warm.jsonl").open("a") as fh,
+    ):
+        task = bar.add_task("", total=len(todo))
+        futures = [pool.submit(warm_point, impl.name, op, d, shape, dtype, w, device) for impl, op, d, _set, shape, dtype, w in todo]
+        for f in as_completed(futures):
+            row = f.result()
+            rows.append(row)
+            fh.write(json.dumps(row) + "\n")
+            fh.flush()
+            bar.update(task, advance=1, description=f"{row['impl']} {row['op']} {row['direction']} {row['shape']} {row['dtype']}: {row['search_s']} s")
+    with contextlib.suppress(OSError):
+        os.unlink(lock)
+    return rows
