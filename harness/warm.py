@@ -16,6 +16,13 @@ kernel's chosen config. A `normbench bench` of the same points then compiles fro
 ``compile_s`` is a cache hit, not the search, so ``warm.jsonl`` (written here, one line per point)
 keeps each point's search seconds. Nothing is checked or timed here: correctness and timing are
 `normbench bench`'s, in one process, with the GPU to itself.
+
+How close a warmed search comes to one alone (compile-max-autotune, 8 workers on 16 host cores,
+fp16 sweep; ``compile-max-autotune-sequential-control/`` in both GPUs' 2026-11-24 report folders):
+17 of 20 points within 1.2 points of the fraction of copy bandwidth the search alone reached, one
+2.2 points lower (H100), three on the H200 (all at N = 7168) 17-24 points lower. The lock keeps
+the candidates' timings apart on the GPU but not on the host, which meanwhile compiles for the
+other workers; fewer ``jobs`` leave it quieter, and one is the search alone.
 """
 
 from __future__ import annotations
