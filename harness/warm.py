@@ -75,14 +75,20 @@ def exclusive_method(cls, name: str) -> None:
     setattr(cls, name, locked)
 
 
-def _lock_inductor_timings() -> None:
+def _inductor_autotuner():
     """Inductor times every autotuning candidate through ``CachingAutotuner.bench`` (torch 2.11 and
     2.13 alike). Without it a parallel search would time candidates side by side: refuse."""
-    from torch._inductor.runtime.triton_heuristics import CachingAutotuner
-
+    try:
+        from torch._inductor.runtime.triton_heuristics import CachingAutotuner
+    except ImportError as e:
+        raise ValueError(f"normbench warm needs torch's Inductor with Triton ({e})") from None
     if not callable(getattr(CachingAutotuner, "bench", None)):
-        raise RuntimeError("this torch's Inductor has no CachingAutotuner.bench to serialize: run normbench warm with --jobs 1")
-    exclusive_method(CachingAutotuner, "bench")
+        raise ValueError("this torch's Inductor has no CachingAutotuner.bench to keep the workers' timings apart: warm cannot run here")
+    return CachingAutotuner
+
+
+def _lock_inductor_timings() -> None:
+    exclusive_method(_inductor_autotuner(), "bench")
 
 
 def _init_worker(lock_path: str) -> None:
@@ -132,6 +138,10 @@ def run_warm(impls, ops, directions, shape_sets, dtypes, out_dir: Path, jobs: in
         t for t in plan(impls, ops, directions, shape_sets, dtypes, weights)
         if t[0].unavailable(device) is None and t[5] in t[0].dtypes and (t[0].name, t[1], t[2], t[4].label, t[5], t[6]) not in done
     ]  # fmt: skip
+    if not todo:
+        return []
+    _inductor_autotuner()  # refuse here, in one line, rather than in every worker
+    jobs = min(jobs, len(todo))
     lock = out_dir / ".warm.lock"
     lock.touch()
     # the costly points first, so that the last worker does not start a 60 s search alone
@@ -146,12 +156,16 @@ def run_warm(impls, ops, directions, shape_sets, dtypes, out_dir: Path, jobs: in
     ):
         task = bar.add_task("", total=len(todo))
         futures = [pool.submit(warm_point, impl.name, op, d, shape, dtype, w, device) for impl, op, d, _set, shape, dtype, w in todo]
-        for f in as_completed(futures):
-            row = f.result()
-            rows.append(row)
-            fh.write(json.dumps(row) + "\n")
-            fh.flush()
-            bar.update(task, advance=1, description=f"{row['impl']} {row['op']} {row['direction']} {row['shape']} {row['dtype']}: {row['search_s']} s")
+        try:
+            for f in as_completed(futures):
+                row = f.result()
+                rows.append(row)
+                fh.write(json.dumps(row) + "\n")
+                fh.flush()
+                bar.update(task, advance=1, description=f"{row['impl']} {row['op']} {row['direction']} {row['shape']} {row['dtype']}: {row['search_s']} s")
+        except BaseException:  # Ctrl-C or a dead worker: drop the queued points, not wait for them
+            pool.shutdown(wait=False, cancel_futures=True)
+            raise
     with contextlib.suppress(OSError):
         os.unlink(lock)
     return rows

@@ -83,3 +83,12 @@ def test_points_the_folder_already_measured_are_not_warmed_again(tmp_path):
     (tmp_path / "results.jsonl").write_text(json.dumps(measured) + "\n")
     rows = warm.run_warm([get("eager")], ["rmsnorm"], ["fwd", "bwd"], [("custom", (Shape((3, 40)),))], ["fp32"], tmp_path, jobs=1, device="cpu", progress=False)
     assert [(r["direction"], r["shape"]) for r in rows] == [("bwd", "3x40")]
+
+
+def test_nothing_to_warm_starts_no_worker(tmp_path, monkeypatch):
+    def no_pool(*a, **k):
+        raise AssertionError("a worker pool was started for no point")
+
+    monkeypatch.setattr(warm, "ProcessPoolExecutor", no_pool)
+    # cuTile runs on cuda only: on the CPU its points are not planned
+    assert warm.run_warm([get("cutile")], ["rmsnorm"], ["fwd"], [("custom", (Shape((2, 64)),))], ["bf16"], tmp_path, jobs=4, device="cpu", progress=False) == []
