@@ -330,6 +330,12 @@ def point_key(d: dict) -> tuple:
     return (d["impl"], d["op"], d["direction"], d["shape"], d["dtype"], d.get("weights", "same"))
 
 
+def planned_key(t: tuple) -> tuple:
+    """``point_key`` of a point ``plan`` returns, before it is measured."""
+    impl, op, direction, _set, shape, dtype, weights = t
+    return (impl.name, op, direction, shape.label, dtype, weights)
+
+
 def plan(impls, ops, directions, shape_sets, dtypes, weights=("same",)) -> list[tuple]:
     """(impl, op, direction, set name, shape, dtype, weights) per point; fp32 parameters beside fp32
     x are the "same" variant, not a point of their own."""
@@ -472,7 +478,7 @@ def run_bench(
     meta["method"] = {"trials": TRIALS, "noisy_spread": NOISY_SPREAD, "graph_calls": GRAPH_CALLS, "graph_shape_sets": GRAPH_SHAPE_SETS}
     meta_path.write_text(json.dumps(meta, indent=2))
 
-    todo = [t for t in plan(impls, ops, directions, shape_sets, dtypes, weights) if (t[0].name, t[1], t[2], t[4].label, t[5], t[6]) not in done]
+    todo = [t for t in plan(impls, ops, directions, shape_sets, dtypes, weights) if planned_key(t) not in done]
     roof = copy_bandwidth["tbps"]
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 

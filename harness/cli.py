@@ -398,22 +398,31 @@ def _refuse_to_overwrite(out: Path, a) -> None:
         )
 
 
-def cmd_bench(a) -> int:
-    import torch
-
-    from . import report
-    from .bench import default_out_dir, run_bench
+def _bench_selection(a):
+    """The points `bench` and `warm` plan from their shared flags: implementations, ops,
+    directions, shape sets, dtypes and weight variants (bench's defaults)."""
     from .registry import select
     from .roofline import DIRECTIONS_BENCH
 
-    if a.out:  # before anything else: a folder of results is never wiped by accident
-        _refuse_to_overwrite(Path(a.out), a)
-    _require_cuda("bench")
     ops = _split(a.op, OPS, "op")
     dirs = _split(a.direction or "fwd,bwd", DIRECTIONS_BENCH, "direction")
     dtypes = _split(a.dtype or "bf16", tuple(DTYPES), "dtype")
     sets = _shape_sets(a.shapes or "sweep,decode", "cuda")
     impls = select(a.impl)
+    weights = _split(a.weights or "same", WEIGHTS, "weights")
+    return impls, ops, dirs, sets, dtypes, weights
+
+
+def cmd_bench(a) -> int:
+    import torch
+
+    from . import report
+    from .bench import default_out_dir, run_bench
+
+    if a.out:  # before anything else: a folder of results is never wiped by accident
+        _refuse_to_overwrite(Path(a.out), a)
+    _require_cuda("bench")
+    impls, ops, dirs, sets, dtypes, weights = _bench_selection(a)
     profile_ns = _ints(a.profile_n, "--profile-n") if a.profile else None
     out = _output_dir(a.out or default_out_dir(torch.cuda.get_device_name(0)), "--out")
     if not a.out:  # the default folder (named by the GPU) is known only now
@@ -424,7 +433,6 @@ def cmd_bench(a) -> int:
     if a.rep_ms <= 0 or a.warmup_ms < 0:
         raise UsageError("--rep-ms must be > 0 and --warmup-ms >= 0")
     timer = CudaTimer(warmup_ms=a.warmup_ms, rep_ms=a.rep_ms)
-    weights = _split(a.weights or "same", WEIGHTS, "weights")
     rows = run_bench(impls, ops, dirs, sets, dtypes, out, resume=a.resume, command=command, timer=timer, weights=weights)
     written = report.write_report(out)
     _print_rank(rows)
@@ -438,24 +446,18 @@ def cmd_bench(a) -> int:
 
 
 def cmd_warm(a) -> int:
-    from .registry import select
-    from .roofline import DIRECTIONS_BENCH
     from .warm import run_warm
 
     if a.jobs < 1:
         raise UsageError("--jobs must be >= 1")
     _require_cuda("warm")
-    ops = _split(a.op, OPS, "op")
-    dirs = _split(a.direction or "fwd,bwd", DIRECTIONS_BENCH, "direction")
-    dtypes = _split(a.dtype or "bf16", tuple(DTYPES), "dtype")
-    sets = _shape_sets(a.shapes or "sweep,decode", "cuda")
-    weights = _split(a.weights or "same", WEIGHTS, "weights")
-    impls = select(a.impl)
+    impls, ops, dirs, sets, dtypes, weights = _bench_selection(a)
     out = _output_dir(a.out, "--out")
     rows = run_warm(impls, ops, dirs, sets, dtypes, out, jobs=a.jobs, weights=weights)
     bad = [r for r in rows if r["status"] != "ok"]
     total = sum(r["search_s"] for r in rows)
-    print(f"warmed {len(rows) - len(bad)} of {len(rows)} points ({total:.0f} s of searches over {a.jobs} processes); wrote {out}/warm.jsonl")
+    jobs = min(a.jobs, len(rows))  # run_warm starts no more workers than points
+    print(f"warmed {len(rows) - len(bad)} of {len(rows)} points ({total:.0f} s of searches over {jobs} processes); wrote {out}/warm.jsonl")
     for r in bad:
         print(f"  {r['impl']} {r['op']} {r['direction']} {r['shape']} {r['dtype']}: {r['reason']}")
     return 0

@@ -128,7 +128,7 @@ def run_warm(impls, ops, directions, shape_sets, dtypes, out_dir: Path, jobs: in
     """Warm every planned point over ``jobs`` processes; rows of ``out_dir/warm.jsonl`` (appended)."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from .bench import load_results, plan, point_key
+    from .bench import load_results, plan, planned_key, point_key
 
     out_dir.mkdir(parents=True, exist_ok=True)
     # points the folder's results already hold need no search (a bench --resume skips them)
@@ -136,7 +136,7 @@ def run_warm(impls, ops, directions, shape_sets, dtypes, out_dir: Path, jobs: in
     done = {point_key(r) for r in load_results(results)} if results.is_file() else set()
     todo = [
         t for t in plan(impls, ops, directions, shape_sets, dtypes, weights)
-        if t[0].unavailable(device) is None and t[5] in t[0].dtypes and (t[0].name, t[1], t[2], t[4].label, t[5], t[6]) not in done
+        if t[0].unavailable(device) is None and t[5] in t[0].dtypes and planned_key(t) not in done
     ]  # fmt: skip
     if not todo:
         return []
