@@ -420,3 +420,26 @@ def test_staged_forwards_do_not_spill(tmp_path):
         usage = subprocess.run([cuobjdump, "-res-usage", str(cubin)], check=True, capture_output=True, text=True).stdout
         stacks = [int(s) for s in re.findall(r"STACK:(\d+)", usage)]
         assert stacks and max(stacks) == 0, f"{cubin.name}: {usage}"
+
+
+@pytest.mark.parametrize("n,pdtype,with_bias,threads", [(16384, BF16, True, 64), (1000, FP32, False, 8), (4001, FP16, True, 64)])
+def test_slot_sum_compiles(n, pdtype, with_bias, threads):
+    """The backward's dweight / dbias reduction (SlotSum), for 16-bit and fp32 parameters, a width
+    with no 4-wide fp32 vector, and both CTA shapes (slot_threads)."""
+    K.compile_slot_sum(n, pdtype, with_bias, threads)
+    assert K.COMPILE_SECONDS[("slot_sum", n, pdtype, with_bias, threads)] > 0
+
+
+def test_backward_ring_rounds_ctas_up_only_without_spilling_or_losing_a_stage():
+    """3 CTAs of 192 threads (LayerNorm at N = 2880), 2 of 320; not 2 of 384 (768 threads: 85
+    registers), and not the fused add's ring, which would lose a stage; its 4-CTA rings take 3."""
+    def ring(n, op="layernorm", residual=False):
+        launch, _ = K.planned_launch(n, 2, 8, "bwd", op, False, residual)
+        return launch.num_threads, K.backward_ring(launch, 2, op, residual)
+
+    assert [(t, r.ctas_per_sm, r.stages) for t, r in (ring(2880), ring(5120), ring(6144))] == [(192, 3, 4), (320, 2, 4), (384, 1, 4)]
+    threads, add = ring(2880, "rmsnorm", residual=True)
+    assert (threads, add.ctas_per_sm, add.stages) == (192, 2, 4)
+    threads, add = ring(1024, "rmsnorm", residual=True)
+    assert (threads, add.ctas_per_sm, add.stages) == (128, 4, 3)
+    assert ring(1024)[1].stages == 4

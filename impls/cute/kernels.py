@@ -78,9 +78,14 @@ once (``max_resident``: clusters must fit inside a GPC, so this is not SMs / clu
 row tiles, with a cp.async ring of up to 4 shared-memory stages so the next rows' x and dy are in
 flight while the current row reduces. Each row is reduced from shared memory, then re-read from it
 for dx, so only the fp32 dweight / dbias accumulators stay in registers across the reduction (for
-LayerNorm chunks over 16 KB per CTA, dbias accumulates in shared memory). The accumulators
-are written once per CTA row-slot to an fp32 partial buffer (slots, N) that torch sums over slots
-in fp32: no atomics, bit-identical run to run.
+LayerNorm chunks over 16 KB per CTA, dbias accumulates in shared memory). A row's rstd (and
+mean) is loaded one iteration ahead, like the ring: loaded at the top of its own iteration, every
+row waited a DRAM latency on it before its first sum, and with one or two CTAs per SM nothing hid
+that wait (H200, bf16, % of copy bandwidth at N = 2048-8192, both with the SlotSum below: LayerNorm
+57-79 -> 81-93, RMSNorm 82-94 -> 85-96, the fused add 75-94 -> 86-99). The accumulators are
+written once per CTA row-slot to an fp32 partial buffer (slots, N), summed over the slots by one
+SlotSum launch (dweight and dbias together) and rounded once: no atomics, bit-identical run to run.
+torch's ``sum(0)`` and cast there had cost 4-18% of the backward's time.
 
 Known limits (H200, bf16 sweep, fraction of copy bandwidth, reports/nvidia-h200/2026-11-22): RMSNorm
 forward 90-96% at every N; the fused add's 94-97% up to N = 65536, 79% at 262144. LayerNorm forward
@@ -138,6 +143,14 @@ MAX_ROWS = 2**31 - 1  # M is a 32-bit kernel argument; the forward's grid x is c
 _SMEM_BUDGET = 200 * 1024
 # A CTA holds at most this many bytes of one row; wider rows are split across a cluster.
 _MAX_CHUNK_BYTES = 32 * 1024
+# Threads of persistent backward CTAs per SM (backward_ring): 512 at 128 registers each. More lost
+# (H200, bf16, % of copy bandwidth): 768 took RMSNorm at N = 1024 / 2048 from 94 / 95 to 82 / 84 and
+# LayerNorm at 2880 from 85 to 74.
+_BWD_THREADS_PER_SM = 512
+# ... except that a CTA count is rounded up (3 CTAs of 192 threads, not 2) where the registers still
+# fit without spilling, 102 or more each: LayerNorm at N = 2880 / 3072 went from 85 / 87 to 93 / 95%.
+# Not the fused add's: its three-tensor ring then loses a stage (98 -> 92% at N = 2880).
+_BWD_ROUNDED_UP_THREADS_MAX = 640
 # The LayerNorm backward carries two fp32 accumulators (dweight, dbias) per column: beyond 16 KB of
 # row per 512-thread CTA both no longer fit in 128 registers (ptxas spilled 80-272 B per thread), so
 # dbias moves to shared memory there. That beat halving the chunk (a cluster twice as large) on the
@@ -147,6 +160,10 @@ _DBIAS_SMEM_ABOVE_BYTES = 16 * 1024
 # pay (H100, bf16): RMSNorm at N = 4001 fell from 67 to 43% of copy bandwidth with 8 stages, at 3584
 # and 7168 from 94-95 to 84-88% with 6 or 7; the fused add and LayerNorm moved within 2 points.
 _MAX_STAGES = 4
+# The fused add's ring (x, dy and dresidual_out) at 4 CTAs per SM (16-bit N <= 2048): 3 stages ran
+# at 95.5 / 95.6% of copy bandwidth at N = 1024 / 2048 on the H200, 4 stages at 84.8 / 85.9%. Not
+# understood: RMSNorm's and LayerNorm's two-tensor rings there lost 0 / 8 points with 3.
+_RESIDUAL_STAGES_AT_4_CTAS = 3
 # Target vectors per thread: 64 B of x in 16-bit types in the forward, enough loads in flight; half
 # that in the backward, whose thread also carries fp32 dweight / dbias accumulators (registers).
 _VECS_PER_THREAD = {"fwd": 4, "bwd": 2}
@@ -283,13 +300,22 @@ def backward_ring(launch: Launch, elem_bytes: int, op: str, residual: bool = Fal
     tensors = 3 if residual else 2
     dbias = op == "layernorm" and launch.chunk * elem_bytes > _DBIAS_SMEM_ABOVE_BYTES
     acc = launch.rows_per_cta * launch.chunk * 4 if dbias else 0
-    ctas = max(1, 512 // launch.num_threads)
     stage_bytes = tensors * launch.rows_per_cta * launch.chunk * elem_bytes
+
+    def stages(ctas: int) -> int:
+        # fp32 at N = 262144 fits a single stage (128 KB per CTA): correct, but loads do not overlap
+        return max(1, min(_MAX_STAGES, (_SMEM_BUDGET - acc * ctas) // (stage_bytes * ctas)))
+
+    ctas = max(1, _BWD_THREADS_PER_SM // launch.num_threads)
     while ctas > 1 and (2 * stage_bytes + acc) * ctas > _SMEM_BUDGET:
         ctas //= 2
-    # fp32 at N = 262144 fits a single stage (128 KB per CTA): correct, but loads do not overlap
-    stages = max(1, min(_MAX_STAGES, (_SMEM_BUDGET - acc * ctas) // (stage_bytes * ctas)))
-    return BackwardRing(tensors, dbias, acc, ctas, stages)
+    up = _cdiv(_BWD_THREADS_PER_SM, launch.num_threads)
+    if not residual and up > ctas and up * launch.num_threads <= _BWD_ROUNDED_UP_THREADS_MAX and stages(up) == _MAX_STAGES:
+        ctas = up
+    depth = stages(ctas)
+    if residual and ctas >= 4:
+        depth = min(depth, _RESIDUAL_STAGES_AT_4_CTAS)
+    return BackwardRing(tensors, dbias, acc, ctas, depth)
 
 
 def _reduction_slots(op: str, direction: str, launch: Launch) -> int:
@@ -850,6 +876,17 @@ def load_tile(atom, srcs: tuple, dsts: tuple, zero: cute.Tensor, in_row: cute.Te
     cute.arch.cp_async_commit_group()
 
 
+@cute.jit
+def load_row_stats(mRstd: cute.Tensor, mMean: cute.Tensor, row: Int32, M: Int32):
+    """(rstd, mean) of one row (mean 0 without mMean; both 0 past M)."""
+    rstd, mean = Float32(0.0), Float32(0.0)
+    if row < M:
+        rstd = mRstd[row]
+        if const_expr(mMean is not None):
+            mean = mMean[row]
+    return rstd, mean
+
+
 def max_resident(compiled, kernel, num_sms: int) -> int:
     """How many CTAs (clusters when cluster_n > 1) of this compiled kernel fit on the GPU at once,
     from the driver's occupancy calculator. With clusters this is not SMs / cluster_n: a cluster
@@ -1009,17 +1046,16 @@ class NormBackward:
 
         inv_n = const_expr(1.0 / n)
         it = Int32(0)
+        # A row's rstd (and mean) is loaded one iteration before its use: see "Backward" above.
+        rstd_next, mean_next = load_row_stats(mRstd, mMean, tXcX[0, 0, 0, bidx][0], M)
         for tile in cutlass.range(bidx, num_tiles, groups, unroll=1):
             ahead, ahead_stage = tile + (S - 1) * groups, (it + S - 1) % S
             load_tile(atom_load, tuple(g[None, None, None, ahead] for g in gRing),
                       tuple(t[None, None, None, ahead_stage] for t in sRing), zero, in_row,
                       ahead < num_tiles and tXcX[0, 0, 0, ahead][0] < M)
             row = tXcX[0, 0, 0, tile][0]
-            rstd, mean = Float32(0.0), Float32(0.0)
-            if row < M:
-                rstd = mRstd[row]
-                if const_expr(mMean is not None):
-                    mean = mMean[row]
+            rstd, mean = rstd_next, mean_next
+            rstd_next, mean_next = load_row_stats(mRstd, mMean, tXcX[0, 0, 0, tile + groups][0], M)
             cute.arch.cp_async_wait_group(S - 1)
             stage = it % S
             # Pass 1: the row sums. x and dy are read from shared memory again in pass 2 rather
@@ -1074,6 +1110,79 @@ class NormBackward:
                 for k in cutlass.range_constexpr(L.vecs_per_thread):
                     if in_row[0, 0, k]:
                         cute.autovec_copy(acc[None, None, k], tPgP[None, None, k])
+
+
+# ============================================================================ dweight / dbias
+class SlotSum:
+    """out[c] = sum over slots s of P[s, c], in fp32, rounded once to out's dtype: the backward's
+    partial rows of dweight (and dbias, the same launch along grid y) summed over its CTA row-slots.
+
+    torch's ``P.sum(0).to(dtype)`` took 4-18% of the backward's time on the H200 (bf16 sweep, 132
+    to 1056 slots): two kernels per parameter, the sum at well under a TB/s on these short, wide
+    matrices. Here one launch sums both: a CTA holds ``lanes`` columns of vectors and spreads the
+    slots over ``slot_threads`` threads (each adds its slots in order, four loads in flight), then
+    adds the threads' sums in a fixed order through shared memory: deterministic, like the rest."""
+
+    THREADS = 512
+
+    def __init__(self, n: int, vec: int, slot_threads: int, out_dtypes: tuple):
+        self.n, self.vec, self.slot_threads, self.out_dtypes = n, vec, slot_threads, out_dtypes
+        self.lanes = self.THREADS // slot_threads
+
+    @cute.jit
+    def __call__(self, mP0: cute.Tensor, mO0: cute.Tensor, mP1: cute.Tensor, mO1: cute.Tensor, stream: cuda.CUstream):
+        cols = const_expr(self.lanes * self.vec)
+        self.kernel(mP0, mO0, mP1, mO1).launch(
+            grid=[cute.ceil_div(self.n, cols), 1 if const_expr(mP1 is None) else 2, 1],
+            block=[self.THREADS, 1, 1],
+            stream=stream,
+        )
+
+    @cute.kernel
+    def kernel(self, mP0, mO0, mP1, mO1):
+        _, which, _ = cute.arch.block_idx()
+        smem = cutlass.utils.SmemAllocator()
+        cols = const_expr(self.lanes * self.vec)
+        sAcc = smem.allocate_tensor(Float32, cute.make_ordered_layout((self.slot_threads, cols), order=(1, 0)),
+                                    byte_alignment=16)
+        if const_expr(mP1 is None):
+            self.column_sum(mP0, mO0, sAcc)
+        elif which == 0:
+            self.column_sum(mP0, mO0, sAcc)
+        else:
+            self.column_sum(mP1, mO1, sAcc)
+
+    @cute.jit
+    def column_sum(self, mP: cute.Tensor, mO: cute.Tensor, sAcc: cute.Tensor):
+        vec, lanes = const_expr(self.vec), const_expr(self.lanes)
+        tidx, _, _ = cute.arch.thread_idx()
+        bidx, _, _ = cute.arch.block_idx()
+        lane, r = tidx % lanes, tidx // lanes
+        col_vec = bidx * lanes + lane
+        acc = cute.make_rmem_tensor(cute.make_layout((1, vec)), Float32)
+        acc.fill(0.0)
+        part = cute.make_rmem_tensor(cute.make_layout((1, vec)), Float32)
+        atom = _copy_atom(Float32, vec)
+        if col_vec * vec < self.n:
+            for s in cutlass.range(r, mP.shape[0], self.slot_threads, unroll=4):
+                cute.copy(atom, cute.local_tile(mP, (1, vec), (s, col_vec)), part)
+                acc.store(acc.load() + part.load())
+        for j in cutlass.range_constexpr(vec):
+            sAcc[r, lane * vec + j] = acc[0, j]
+        cute.arch.barrier()
+        if tidx < lanes * vec:
+            col = bidx * lanes * vec + tidx
+            total = Float32(0.0)
+            for i in cutlass.range(self.slot_threads, unroll_full=True):
+                total += sAcc[i, tidx]
+            if col < self.n:
+                mO[col] = total.to(mO.element_type)
+
+
+def slot_threads(slots: int) -> int:
+    """Threads per column of SlotSum: few slots (wide rows, decode) leave the CTA's threads to the
+    columns instead."""
+    return 8 if slots <= 16 else 64
 
 
 # ============================================================================ compile cache
@@ -1140,6 +1249,22 @@ def compile_kernel(key: tuple):
     return _COMPILED[key]
 
 
+@lru_cache(maxsize=None)
+def compile_slot_sum(n: int, pdtype: torch.dtype, with_bias: bool, threads_per_column: int):
+    """SlotSum for (slots, n) fp32 partials -> (n,) of the parameter's dtype; slots symbolic."""
+    t0 = time.perf_counter()
+    vec = math.gcd(n, 4)
+    slots = cute.sym_int()
+    p = _fake(Float32, (slots, n), vec)
+    o = cute.runtime.make_fake_tensor(_TORCH2CUTE[pdtype], (n,), stride=(1,))
+    stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=_HAS_TVM_FFI)
+    kernel = SlotSum(n, vec, threads_per_column, (pdtype,) * (1 + with_bias))
+    fn = cute.compile(kernel, p, o, p if with_bias else None, o if with_bias else None, stream,
+                      options="--enable-tvm-ffi" if _HAS_TVM_FFI else "")
+    COMPILE_SECONDS[("slot_sum", n, pdtype, with_bias, threads_per_column)] = time.perf_counter() - t0
+    return fn
+
+
 def compile_only(op: str, direction: str, dtype: torch.dtype, n: int, vec: int | None = None,
                  wdtype: torch.dtype | None | str = "x", residual: bool = False,
                  few_rows: bool = False) -> float:  # fmt: skip
@@ -1203,8 +1328,15 @@ def _backward(op, dy, x, weight, rstd, mean, dresidual=None):
     fn(dy, x, weight, rstd, mean, dresidual, dx, dwp, dbp, groups)
     # reduced in fp32 over the slots, then rounded once to the parameter's dtype (x's or fp32)
     pdtype = x.dtype if weight is None else weight.dtype
-    dw = dwp.sum(0).to(pdtype) if dwp is not None else None
-    db = dbp.sum(0).to(pdtype) if dbp is not None else None
+    partials = [p for p in (dwp, dbp) if p is not None]
+    if not partials:
+        return dx, None, None
+    sums = [torch.empty(n, dtype=pdtype, device=x.device) for _ in partials]
+    sum_fn = compile_slot_sum(n, pdtype, len(partials) == 2, slot_threads(slots))
+    sum_fn(partials[0], sums[0], *(partials[1:] + sums[1:] or [None, None]))
+    it = iter(sums)
+    dw = next(it) if dwp is not None else None
+    db = next(it) if dbp is not None else None
     return dx, dw, db
 
 
