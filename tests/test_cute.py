@@ -211,10 +211,10 @@ def test_launch_shapes_cover_the_row_once():
 
 
 def test_backward_tiles_of_whole_warps():
-    """Past a non-power-of-two row the backward's tile is the fewest whole warps (LayerNorm, the fused
-    add, and RMSNorm from 512 threads), not the next power of two, which left threads idle."""
+    """Past a non-power-of-two row the backward's tile is the fewest whole warps, not the next power
+    of two, which left threads idle."""
     for op, residual, n, tpr in (("layernorm", False, 2304, 160), ("rmsnorm", True, 2304, 160),
-                                 ("rmsnorm", False, 5120, 320), ("rmsnorm", False, 2880, 256)):
+                                 ("rmsnorm", False, 5120, 320), ("rmsnorm", False, 2880, 192)):
         L = K.launch_shape(n, 2, 8, "bwd", op, residual=residual)
         assert (L.threads_per_row, L.threads_per_row * L.vecs_per_thread * 8 >= n) == (tpr, True)
         assert K.compile_only(op, "bwd", BF16, n, residual=residual) > 0
@@ -371,7 +371,10 @@ def test_new_m_does_not_recompile():
         _, rstd = K.rmsnorm_fwd(x[:m], w, 1e-5)
         K.rmsnorm_bwd(x[:m], x[:m], w, rstd)
     K.rmsnorm_bwd(x, x, w, K.rmsnorm_fwd(x, w, 1e-5)[1])
-    assert len(set(K.COMPILE_SECONDS) - keys) == 1  # the backward, compiled once
+    new = set(K.COMPILE_SECONDS) - keys
+    # the backward, compiled once; its dweight sum (SlotSum) once per CTA shape: few slots, many
+    assert len([k for k in new if k[0] != "slot_sum"]) == 1
+    assert 1 <= len([k for k in new if k[0] == "slot_sum"]) <= 2
 
 
 @pytest.mark.gpu

@@ -106,7 +106,8 @@ there, against 99 / 96% at 65536 (both reports' fp32 sweeps). Not fixed: writing
 time there would cost the weight loads' L2 latency (above), unmeasured at this N.
 
 Compilation: one kernel per (op, direction, dtype, N, vec, weight / bias dtypes, residual, launch)
-key, compiled on first use with M (the row count) symbolic, so a new M never recompiles;
+key, compiled on first use with M (the row count) symbolic, so a new M never recompiles (SlotSum
+has two CTA shapes, for few slots and for many, so a backward's width may compile it twice);
 ``COMPILE_SECONDS`` records the compile time per key. Calls go through TVM-FFI (torch tensors passed straight in, the current stream taken from
 the environment) to keep the launch overhead small for decode shapes.
 """
@@ -151,6 +152,7 @@ _BWD_THREADS_PER_SM = 512
 # fit without spilling, 102 or more each: LayerNorm at N = 2880 / 3072 went from 85 / 87 to 93 / 95%.
 # Not the fused add's: its three-tensor ring then loses a stage (98 -> 92% at N = 2880).
 _BWD_ROUNDED_UP_THREADS_MAX = 640
+_WHOLE_WARPS_RMS = True
 # The LayerNorm backward carries two fp32 accumulators (dweight, dbias) per column: beyond 16 KB of
 # row per 512-thread CTA both no longer fit in 128 registers (ptxas spilled 80-272 B per thread), so
 # dbias moves to shared memory there. That beat halving the chunk (a cluster twice as large) on the
@@ -259,7 +261,7 @@ def launch_shape(n: int, elem_bytes: int, vec: int, direction: str = "fwd", op: 
     max_tpr = 256 if stage else 512
     tpr = min(max_tpr, max(32 if stage else 1, _pow2_at_least(_cdiv(chunk_vecs, target))))
     vpt = _cdiv(chunk_vecs, tpr)
-    if direction == "bwd" and tpr >= 64 and (tpr >= 512 or residual or op == "layernorm"):
+    if direction == "bwd" and tpr >= 64 and (tpr >= 512 or residual or op == "layernorm" or _WHOLE_WARPS_RMS):
         # A power-of-two tile past a non-power-of-two row leaves threads without columns: at
         # N = 2304 256 threads of which 144 work. Whole warps cover the row instead (H100, bf16, %
         # of copy bandwidth): LayerNorm 69 -> 80 at 2304, 81 -> 87 at 10240; the fused add 83 -> 94
@@ -1182,7 +1184,7 @@ class SlotSum:
 def slot_threads(slots: int) -> int:
     """Threads per column of SlotSum: few slots (wide rows, decode) leave the CTA's threads to the
     columns instead."""
-    return 8 if slots <= 16 else 64
+    return min(64, max(8, _pow2_at_least(_cdiv(slots, 4))))
 
 
 # ============================================================================ compile cache
