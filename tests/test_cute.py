@@ -374,7 +374,7 @@ def test_new_m_does_not_recompile():
     new = set(K.COMPILE_SECONDS) - keys
     # the backward, compiled once; its dweight sum (SlotSum) once per CTA shape: few slots, many
     assert len([k for k in new if k[0] != "slot_sum"]) == 1
-    assert 1 <= len([k for k in new if k[0] == "slot_sum"]) <= 2
+    assert 1 <= len([k for k in new if k[0] == "slot_sum"]) <= 4
 
 
 @pytest.mark.gpu

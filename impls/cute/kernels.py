@@ -94,10 +94,16 @@ staged CTA needs 80 registers, so 3 CTAs fit per SM (ncu: 34% of warps active), 
 through two dependent row reductions. Over a cluster (one_exchange: 79 / 74 / 64% before) 6 CTAs
 fit, but probably wait on L2 for weight and bias one vector after another (RMSNorm written that way
 fell from 95 to 82% at N = 32768; no counters taken); of the 5-10 points gained, one exchange
-instead of two gave 1.5-2.5, the register diet the rest. The backward reaches 80-92% (RMSNorm, 73%
-at 262144), 74-93% (the fused add) and 44-82% (LayerNorm); its persistent CTAs of 512 threads x 128
-registers are one per SM. Rows that are not a power of two wide lost most where the ring's stages
-held padding: whole-warp tiles took RMSNorm at N = 5120 from 70 to 92%.
+instead of two gave 1.5-2.5, the register diet the rest.
+The backward (b802734: reports/nvidia-h200/2026-11-24/cute-bwd, reports/nvidia-h100/2026-11-24/
+cute-bwd), bf16 sweep: RMSNorm 91-96% up to N = 65536 on the H200 (78% at 262144), 92-98% on the
+H100; the fused add 92-98% on the H200 (87% at 16384, 83% at 262144), 84-100% on the H100 (84% at
+16384); LayerNorm 88-93% up to 8192 on the H200 (81% at 5120), then 75 / 78 / 71 / 52% from 16384:
+its 512-thread CTA (one per SM) keeps dbias in shared memory there and has room for two ring stages
+only (one row in flight). The H100's LayerNorm: 92-96% up to 8192, 89-92% to 65536, 69% at 262144.
+A cluster instead (dbias back in registers, more stages) lost: 60 vs 74% at 16384 before the stats
+prefetch (cute-bwd-launch-search, c16), each row then waiting on an exchange between the CTAs.
+Rows of an odd width (N = 4001: 2-byte vectors, no cp.async) run at 33-53% (H200) / 43-68% (H100).
 fp32 at N = 262144 fits one ring stage only (128 KB per CTA): correct, not overlapped. In the
 forward, an fp32 row of 262144 gives each thread 16 vectors of 4 (64 registers for x alone) under
 the 64-register cap of 4 staged CTAs per SM: ptxas spills 120 B per thread (cuobjdump -res-usage of
@@ -107,7 +113,8 @@ time there would cost the weight loads' L2 latency (above), unmeasured at this N
 
 Compilation: one kernel per (op, direction, dtype, N, vec, weight / bias dtypes, residual, launch)
 key, compiled on first use with M (the row count) symbolic, so a new M never recompiles (SlotSum
-has two CTA shapes, for few slots and for many, so a backward's width may compile it twice);
+shapes its CTA by the slot count, 8 to 64 threads per column, so a backward's width may compile it
+up to four times);
 ``COMPILE_SECONDS`` records the compile time per key. Calls go through TVM-FFI (torch tensors passed straight in, the current stream taken from
 the environment) to keep the launch overhead small for decode shapes.
 """
@@ -152,7 +159,6 @@ _BWD_THREADS_PER_SM = 512
 # fit without spilling, 102 or more each: LayerNorm at N = 2880 / 3072 went from 85 / 87 to 93 / 95%.
 # Not the fused add's: its three-tensor ring then loses a stage (98 -> 92% at N = 2880).
 _BWD_ROUNDED_UP_THREADS_MAX = 640
-_WHOLE_WARPS_RMS = True
 # The LayerNorm backward carries two fp32 accumulators (dweight, dbias) per column: beyond 16 KB of
 # row per 512-thread CTA both no longer fit in 128 registers (ptxas spilled 80-272 B per thread), so
 # dbias moves to shared memory there. That beat halving the chunk (a cluster twice as large) on the
@@ -261,12 +267,14 @@ def launch_shape(n: int, elem_bytes: int, vec: int, direction: str = "fwd", op: 
     max_tpr = 256 if stage else 512
     tpr = min(max_tpr, max(32 if stage else 1, _pow2_at_least(_cdiv(chunk_vecs, target))))
     vpt = _cdiv(chunk_vecs, tpr)
-    if direction == "bwd" and tpr >= 64 and (tpr >= 512 or residual or op == "layernorm" or _WHOLE_WARPS_RMS):
+    if direction == "bwd" and tpr >= 64:
         # A power-of-two tile past a non-power-of-two row leaves threads without columns: at
         # N = 2304 256 threads of which 144 work. Whole warps cover the row instead (H100, bf16, %
         # of copy bandwidth): LayerNorm 69 -> 80 at 2304, 81 -> 87 at 10240; the fused add 83 -> 94
-        # at 2304; RMSNorm 86 -> 90 at 5120 (512 -> 320 threads). Not plain RMSNorm's CTAs of fewer
-        # than 512 threads: at 2880 its 192-thread CTAs (2 per SM) fell from 93 to 81%.
+        # at 2304; RMSNorm 86 -> 90 at 5120 (512 -> 320 threads). Plain RMSNorm's CTAs under 512
+        # threads followed once backward_ring rounded their count up (3 of 192 threads at 2880, not
+        # 2): on the H200 75 -> 95 at 2304, 85 -> 96 at 2880, 89 -> 96 at 3072; on the H100 they
+        # cost 4-5 points at 1536 / 2880 / 3072 (96-97 -> 92-93) and gained one at 2304.
         tpr = min(tpr, 32 * _cdiv(_cdiv(chunk_vecs, vpt), 32))
     if _leaves_a_cta_empty(n_vecs, cluster_n, tpr, vpt):
         for v in range(vpt, 0, -1):  # fewer vectors per thread: a finer tile

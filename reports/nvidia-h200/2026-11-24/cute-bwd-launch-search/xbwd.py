@@ -13,14 +13,17 @@ tag = sys.argv[2] if len(sys.argv) > 2 else "x"
 copy = roofline.measure_copy_bandwidth()["tbps"]
 NS = [int(v) for v in os.environ.get("XNS", "1024,2048,2880,4096,5120,7168,8192,16384,32768,65536,262144,3072,6144,12288").split(",")]
 OPS = os.environ.get("XOPS", "rmsnorm,layernorm,add_rmsnorm").split(",")
-BASE = dict(_STATS_PREFETCH=True, _BWD_CTAS_CEIL=False, _BWD_THREADS_PER_SM=512, _MAX_STAGES=4, _VECS_PER_THREAD={"fwd": 4, "bwd": 2}, _MAX_CHUNK_BYTES_BWD=32768)
+BASE = dict(_WHOLE_WARPS_RMS=True, _BWD_THREADS_PER_SM=512, _MAX_STAGES=4, _VECS_PER_THREAD={"fwd": 4, "bwd": 2})
 VARIANTS = json.loads(os.environ.get("XVARS", "{}")) or {
     "base": {}, "t768": {"_BWD_THREADS_PER_SM": 768}, "t1024": {"_BWD_THREADS_PER_SM": 1024},
     "s3": {"_MAX_STAGES": 3},
     "v4": {"_VECS_PER_THREAD": {"fwd": 4, "bwd": 4}}, "v4t1024": {"_VECS_PER_THREAD": {"fwd": 4, "bwd": 4}, "_BWD_THREADS_PER_SM": 1024},
     "c16": {"_MAX_CHUNK_BYTES_BWD": 16384}, "c16t1024": {"_MAX_CHUNK_BYTES_BWD": 16384, "_BWD_THREADS_PER_SM": 1024},
 }
+_slot_new = K.slot_threads
 def setv(v):
+    v = dict(v); rule = v.pop("_SLOT_RULE", "new")
+    K.slot_threads = _slot_new if rule == "new" else (lambda s: 8 if s <= 16 else 64)
     for a, b in {**BASE, **v}.items(): setattr(K, a, b)
     K.planned_launch.cache_clear(); K.kernel_key.cache_clear(); K._COMPILED.clear(); K._RESIDENT.clear()
 res = []
