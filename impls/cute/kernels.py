@@ -1135,8 +1135,8 @@ class SlotSum:
 
     THREADS = 512
 
-    def __init__(self, n: int, vec: int, slot_threads: int, out_dtypes: tuple):
-        self.n, self.vec, self.slot_threads, self.out_dtypes = n, vec, slot_threads, out_dtypes
+    def __init__(self, n: int, vec: int, slot_threads: int):
+        self.n, self.vec, self.slot_threads = n, vec, slot_threads
         self.lanes = self.THREADS // slot_threads
 
     @cute.jit
@@ -1268,7 +1268,7 @@ def compile_slot_sum(n: int, pdtype: torch.dtype, with_bias: bool, threads_per_c
     p = _fake(Float32, (slots, n), vec)
     o = cute.runtime.make_fake_tensor(_TORCH2CUTE[pdtype], (n,), stride=(1,))
     stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=_HAS_TVM_FFI)
-    kernel = SlotSum(n, vec, threads_per_column, (pdtype,) * (1 + with_bias))
+    kernel = SlotSum(n, vec, threads_per_column)
     fn = cute.compile(kernel, p, o, p if with_bias else None, o if with_bias else None, stream,
                       options="--enable-tvm-ffi" if _HAS_TVM_FFI else "")
     COMPILE_SECONDS[("slot_sum", n, pdtype, with_bias, threads_per_column)] = time.perf_counter() - t0
@@ -1338,15 +1338,12 @@ def _backward(op, dy, x, weight, rstd, mean, dresidual=None):
     fn(dy, x, weight, rstd, mean, dresidual, dx, dwp, dbp, groups)
     # reduced in fp32 over the slots, then rounded once to the parameter's dtype (x's or fp32)
     pdtype = x.dtype if weight is None else weight.dtype
-    partials = [p for p in (dwp, dbp) if p is not None]
-    if not partials:
-        return dx, None, None
-    sums = [torch.empty(n, dtype=pdtype, device=x.device) for _ in partials]
-    sum_fn = compile_slot_sum(n, pdtype, len(partials) == 2, slot_threads(slots))
-    sum_fn(partials[0], sums[0], *(partials[1:] + sums[1:] or [None, None]))
-    it = iter(sums)
-    dw = next(it) if dwp is not None else None
-    db = next(it) if dbp is not None else None
+    dw = torch.empty(n, dtype=pdtype, device=x.device) if dwp is not None else None
+    db = torch.empty(n, dtype=pdtype, device=x.device) if dbp is not None else None
+    pairs = [(p, out) for p, out in ((dwp, dw), (dbp, db)) if p is not None]
+    if pairs:  # one launch for both: (partials, result) once or twice
+        (p0, out0), (p1, out1) = pairs[0], (pairs[1] if len(pairs) == 2 else (None, None))
+        compile_slot_sum(n, pdtype, p1 is not None, slot_threads(slots))(p0, out0, p1, out1)
     return dx, dw, db
 
 
