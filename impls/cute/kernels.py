@@ -85,7 +85,7 @@ that wait (H200, bf16, % of copy bandwidth at N = 2048-8192, both with the SlotS
 57-79 -> 81-93, RMSNorm 82-94 -> 85-96, the fused add 75-94 -> 86-99). The accumulators are
 written once per CTA row-slot to an fp32 partial buffer (slots, N), summed over the slots by one
 SlotSum launch (dweight and dbias together) and rounded once: no atomics, bit-identical run to run.
-torch's ``sum(0)`` and cast there had cost 4-18% of the backward's time.
+torch's ``sum(0)`` and cast there had cost 3.5-18% of the backward's time.
 
 Known limits (H200, bf16 sweep, fraction of copy bandwidth, reports/nvidia-h200/2026-11-22): RMSNorm
 forward 90-96% at every N; the fused add's 94-97% up to N = 65536, 79% at 262144. LayerNorm forward
@@ -170,7 +170,7 @@ _DBIAS_SMEM_ABOVE_BYTES = 16 * 1024
 _MAX_STAGES = 4
 # The fused add's ring (x, dy and dresidual_out) at 4 CTAs per SM (16-bit N <= 2048): 3 stages ran
 # at 95.5 / 95.6% of copy bandwidth at N = 1024 / 2048 on the H200, 4 stages at 84.8 / 85.9%. Not
-# understood: RMSNorm's and LayerNorm's two-tensor rings there lost 0 / 8 points with 3.
+# understood: RMSNorm's two-tensor ring there lost nothing with 3, LayerNorm's 8 points at 1024.
 _RESIDUAL_STAGES_AT_4_CTAS = 3
 # Target vectors per thread: 64 B of x in 16-bit types in the forward, enough loads in flight; half
 # that in the backward, whose thread also carries fp32 dweight / dbias accumulators (registers).
@@ -1127,7 +1127,7 @@ class SlotSum:
     """out[c] = sum over slots s of P[s, c], in fp32, rounded once to out's dtype: the backward's
     partial rows of dweight (and dbias, the same launch along grid y) summed over its CTA row-slots.
 
-    torch's ``P.sum(0).to(dtype)`` took 4-18% of the backward's time on the H200 (bf16 sweep, 132
+    torch's ``P.sum(0).to(dtype)`` took 3.5-18% of the backward's time on the H200 (bf16 sweep, 132
     to 1056 slots): two kernels per parameter, the sum at well under a TB/s on these short, wide
     matrices. Here one launch sums both: a CTA holds ``lanes`` columns of vectors and spreads the
     slots over ``slot_threads`` threads (each adds its slots in order, four loads in flight), then
