@@ -1138,12 +1138,12 @@ class SlotSum:
     def __init__(self, n: int, vec: int, slot_threads: int):
         self.n, self.vec, self.slot_threads = n, vec, slot_threads
         self.lanes = self.THREADS // slot_threads
+        self.cols = self.lanes * vec  # columns per CTA
 
     @cute.jit
     def __call__(self, mP0: cute.Tensor, mO0: cute.Tensor, mP1: cute.Tensor, mO1: cute.Tensor, stream: cuda.CUstream):
-        cols = const_expr(self.lanes * self.vec)
         self.kernel(mP0, mO0, mP1, mO1).launch(
-            grid=[cute.ceil_div(self.n, cols), 1 if const_expr(mP1 is None) else 2, 1],
+            grid=[cute.ceil_div(self.n, self.cols), 1 if const_expr(mP1 is None) else 2, 1],
             block=[self.THREADS, 1, 1],
             stream=stream,
         )
@@ -1152,8 +1152,7 @@ class SlotSum:
     def kernel(self, mP0, mO0, mP1, mO1):
         _, which, _ = cute.arch.block_idx()
         smem = cutlass.utils.SmemAllocator()
-        cols = const_expr(self.lanes * self.vec)
-        sAcc = smem.allocate_tensor(Float32, cute.make_ordered_layout((self.slot_threads, cols), order=(1, 0)),
+        sAcc = smem.allocate_tensor(Float32, cute.make_ordered_layout((self.slot_threads, self.cols), order=(1, 0)),
                                     byte_alignment=16)
         if const_expr(mP1 is None):
             self.column_sum(mP0, mO0, sAcc)
@@ -1180,8 +1179,8 @@ class SlotSum:
         for j in cutlass.range_constexpr(vec):
             sAcc[r, lane * vec + j] = acc[0, j]
         cute.arch.barrier()
-        if tidx < lanes * vec:
-            col = bidx * lanes * vec + tidx
+        if tidx < self.cols:
+            col = bidx * self.cols + tidx
             total = Float32(0.0)
             for i in cutlass.range(self.slot_threads, unroll_full=True):
                 total += sAcc[i, tidx]
