@@ -123,10 +123,11 @@ def test_whole_warp_launch_compiles():
 
 # ---------------------------------------------------------------------------- launch shapes
 def _sweep_variants():
-    # the launch depends on the op only through the forward's staging threshold; shared memory also
-    # on what is staged / in the ring: these four are the largest of each launch
+    # the launch depends on the op through the forward's staging threshold and the backward's chunk
+    # cap (16 KB for LayerNorm and the fused add, 32 KB for RMSNorm); shared memory also on what is
+    # staged / in the ring: these five are the largest of each launch
     return (("layernorm", "fwd", False), ("add_rmsnorm", "fwd", True),
-            ("layernorm", "bwd", False), ("rmsnorm", "bwd", True))
+            ("layernorm", "bwd", False), ("rmsnorm", "bwd", True), ("rmsnorm", "bwd", False))
 
 
 def _swept_n(dense_up_to: int, step: int) -> list[int]:
@@ -218,6 +219,27 @@ def test_backward_tiles_of_whole_warps():
         L = K.launch_shape(n, 2, 8, "bwd", op, residual=residual)
         assert (L.threads_per_row, L.threads_per_row * L.vecs_per_thread * 8 >= n) == (tpr, True)
         assert K.compile_only(op, "bwd", BF16, n, residual=residual) > 0
+
+
+def test_backward_chunk_halved_where_a_32kb_ring_holds_two_stages():
+    """A 32 KB backward chunk leaves LayerNorm's ring (dbias then in shared memory) and the fused
+    add's (three row tensors) two stages: those rows go to a cluster twice as large, with dbias back
+    in registers and four stages. Plain RMSNorm keeps its 32 KB chunk (three stages)."""
+    def plan(n, op, residual=False):
+        launch, smem = K.planned_launch(n, 2, 8, "bwd", op, False, residual)
+        return launch.cluster_n, K.backward_ring(launch, 2, op, residual)
+
+    for op, residual in (("layernorm", False), ("rmsnorm", True)):
+        for n, cluster in ((8192, 1), (10240, 2), (16384, 2), (32768, 4), (65536, 8), (262144, 16)):
+            cluster_n, ring = plan(n, op, residual)
+            assert cluster_n == cluster, (op, n)
+            assert ring.stages == 4 and not ring.dbias_in_smem or n == 262144, (op, n, ring)
+    assert [plan(n, "rmsnorm")[0] for n in (16384, 32768, 65536)] == [1, 2, 4]
+    assert plan(16384, "rmsnorm")[1].stages == 3
+    # the widest row: a 16-CTA cluster cannot halve its chunk again; LayerNorm's dbias moves back
+    assert plan(262144, "layernorm")[1].dbias_in_smem
+    assert K.compile_only("layernorm", "bwd", BF16, 16384) > 0
+    assert K.compile_only("rmsnorm", "bwd", BF16, 10240, residual=True) > 0
 
 
 def test_few_rows_compile_an_unstaged_forward():
