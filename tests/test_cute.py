@@ -123,8 +123,8 @@ def test_whole_warp_launch_compiles():
 
 # ---------------------------------------------------------------------------- launch shapes
 def _sweep_variants():
-    # the launch depends on the op through the forward's staging threshold and the backward's chunk
-    # cap (16 KB for LayerNorm and the fused add, 32 KB for RMSNorm); shared memory also on what is
+    # the launch depends on the op through the forward's staging threshold and the backward's cap
+    # on columns per CTA (LayerNorm and the fused add only); shared memory also on what is
     # staged / in the ring: these five are the largest of each launch
     return (("layernorm", "fwd", False), ("add_rmsnorm", "fwd", True),
             ("layernorm", "bwd", False), ("rmsnorm", "bwd", True), ("rmsnorm", "bwd", False))
@@ -221,23 +221,25 @@ def test_backward_tiles_of_whole_warps():
         assert K.compile_only(op, "bwd", BF16, n, residual=residual) > 0
 
 
-def test_backward_chunk_halved_where_a_32kb_ring_holds_two_stages():
-    """A 32 KB backward chunk leaves LayerNorm's ring (dbias then in shared memory) and the fused
-    add's (three row tensors) two stages: those rows go to a cluster twice as large, with dbias back
-    in registers and four stages. Plain RMSNorm keeps its 32 KB chunk (three stages)."""
-    def plan(n, op, residual=False):
-        launch, smem = K.planned_launch(n, 2, 8, "bwd", op, False, residual)
-        return launch.cluster_n, K.backward_ring(launch, 2, op, residual)
+def test_backward_columns_per_cta_capped_for_layernorm_and_the_fused_add():
+    """LayerNorm's and the fused add's backward take at most 8192 columns per CTA, in clusters of
+    up to 8: in 16-bit types dbias back in registers and a ring of 4 stages (32 KB per CTA gave 2).
+    fp32 rows (8192 columns per 32 KB already), plain RMSNorm, and rows that would need a 16-CTA
+    cluster keep the 32 KB chunk."""
+    def plan(n, op, residual=False, elem=2):
+        launch, smem = K.planned_launch(n, elem, 16 // elem, "bwd", op, False, residual)
+        return launch.cluster_n, K.backward_ring(launch, elem, op, residual)
 
     for op, residual in (("layernorm", False), ("rmsnorm", True)):
-        for n, cluster in ((8192, 1), (10240, 2), (16384, 2), (32768, 4), (65536, 8), (262144, 16)):
+        for n, cluster in ((8192, 1), (10240, 2), (16384, 2), (32768, 4), (65536, 8), (131072, 8), (262144, 16)):
             cluster_n, ring = plan(n, op, residual)
-            assert cluster_n == cluster, (op, n)
-            assert ring.stages == 4 and not ring.dbias_in_smem or n == 262144, (op, n, ring)
+            assert cluster_n == cluster, (op, n, cluster_n)
+            if n <= 65536:
+                assert (ring.stages, ring.dbias_in_smem) == (4, False), (op, n, ring)
+        assert [plan(n, op, residual, elem=4)[0] for n in (5120, 8192, 16384, 65536)] == [1, 1, 2, 8]
     assert [plan(n, "rmsnorm")[0] for n in (16384, 32768, 65536)] == [1, 2, 4]
     assert plan(16384, "rmsnorm")[1].stages == 3
-    # the widest row: a 16-CTA cluster cannot halve its chunk again; LayerNorm's dbias moves back
-    assert plan(262144, "layernorm")[1].dbias_in_smem
+    assert plan(131072, "layernorm")[1].dbias_in_smem  # 32 KB per CTA there: dbias in shared memory
     assert K.compile_only("layernorm", "bwd", BF16, 16384) > 0
     assert K.compile_only("rmsnorm", "bwd", BF16, 10240, residual=True) > 0
 

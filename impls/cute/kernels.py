@@ -43,11 +43,11 @@ inside a CTA, ``threads_per_row`` threads share a row and each holds ``vecs_per_
 ``vec`` elements, strided by ``vec * threads_per_row`` so that a warp's accesses are contiguous.
 ``vec`` is 128 bits (8 bf16/fp16, 4 fp32) when N, the row strides and the pointers allow it,
 narrower otherwise. Rows up to 32 KB stay in one CTA (several rows per CTA when they are short);
-wider rows go to a cluster (up to 16 CTAs, 32 KB per CTA; 16 KB in the backward of LayerNorm and of
-the fused add), so
-every row is read from DRAM exactly once at every N up to 262144, and beyond until a CTA's share
+wider rows go to a cluster (up to 16 CTAs, 32 KB per CTA), so every row is read from DRAM exactly once at every N up to 262144, and beyond until a CTA's share
 outgrows shared memory (the narrowest reach: the LayerNorm backward, fp32 rows of about 295000 and
-16-bit ones of about 430000; wider rows get a ValueError).
+16-bit ones of about 430000; wider rows get a ValueError). The backward of LayerNorm and of the
+fused add takes at most 8192 columns per CTA (16 KB of a 16-bit row) in clusters of up to 8
+(``_BWD_MAX_COLUMNS``).
 
 Launch shapes are valid by construction: planned_launch computes each kernel's launch shape and
 its exact shared memory (shared_memory_bytes mirrors the allocation order; a test compares it with
@@ -152,14 +152,20 @@ MAX_ROWS = 2**31 - 1  # M is a 32-bit kernel argument; the forward's grid x is c
 _SMEM_BUDGET = 200 * 1024
 # A CTA holds at most this many bytes of one row; wider rows are split across a cluster.
 _MAX_CHUNK_BYTES = 32 * 1024
-# The backward's cap, by ring: halved where a 32 KB chunk leaves the ring two stages (one row in
-# flight), LayerNorm's (its dbias accumulator then takes 64 KB of shared memory) and the fused add's
-# (three row tensors). H200, bf16, % of copy bandwidth, 32 -> 16 KB (a cluster twice as large):
-# LayerNorm 75 -> 90 at N = 16384, 78 -> 82 at 32768; the fused add 87 -> 96.5 at 16384, 92 -> 96
-# at 32768 and 65536. Plain RMSNorm keeps 32 KB: three stages there, and 16 KB lost 4-5 points at
-# 32768 / 65536 (cute-chunk-search). Before the rstd/mean prefetch the same halving had lost (74 ->
-# 60 at LayerNorm 16384): each row waited on its statistics and on the cluster exchange in turn.
-_BWD_CHUNK_BYTES = {"rmsnorm": 32 * 1024, "layernorm": 16 * 1024, "add_rmsnorm": 16 * 1024}
+# The backward of LayerNorm and of the fused add takes at most this many columns per CTA, in a
+# cluster of up to 8: its 512-thread CTA then carries 16 fp32 dweight accumulators per thread
+# (LayerNorm's dbias beside them in registers, not shared memory) and, in 16-bit types, a ring of
+# 4 stages instead of 2. Measured on the H200 (bf16 and fp16, % of copy bandwidth, a cluster twice
+# as large as 32 KB per CTA gives): LayerNorm 75 -> 90 (fp16 54 -> 91) at N = 16384, 78 -> 83 at
+# 32768, 77 -> 89 at 10240, 58 -> 77 at 24576, 71 -> 70 at 65536, 88 -> 83 at 12288; the fused add
+# 87 -> 97 at 16384, 92 -> 96-97 at 32768 / 65536. Not taken where it would need 16 CTAs (N =
+# 131072: LayerNorm 70 -> 61, the fused add 92 -> 87), nor for fp32 rows, which stay at 8192
+# columns per 32 KB (4096 columns: 3-28 points lost, the fused add 99.7 -> 70.6 at 5120). Plain
+# RMSNorm keeps 32 KB: 16 KB lost 4-5 points at 32768 / 65536. Before the rstd/mean prefetch the
+# halving had lost (LayerNorm at 16384, 74 -> 60): every row waited on its statistics and on the
+# exchange between the CTAs in turn. (reports/nvidia-h200/2026-11-24/cute-chunk-search)
+_BWD_MAX_COLUMNS = {"layernorm": 8192, "add_rmsnorm": 8192}
+_BWD_MAX_HALVED_CLUSTER = 8
 # Threads of persistent backward CTAs per SM (backward_ring): 512 at 128 registers each. More lost
 # (H200, bf16, % of copy bandwidth): 768 took RMSNorm at N = 1024 / 2048 from 94 / 95 to 82 / 84 and
 # LayerNorm at 2880 from 85 to 74.
@@ -265,9 +271,11 @@ def launch_shape(n: int, elem_bytes: int, vec: int, direction: str = "fwd", op: 
     Instead the row's threads become the fewest whole warps (up to 1024) that cover the chunk;
     where even that does not fit, the last CTA idles instead. The chunk never grows past what
     the per-CTA byte cap and the cluster give."""
-    cap = _MAX_CHUNK_BYTES if direction == "fwd" else _BWD_CHUNK_BYTES["add_rmsnorm" if residual else op]
     cluster_n = 1
-    while n * elem_bytes > cap * cluster_n and cluster_n < MAX_CLUSTER:
+    while n * elem_bytes > _MAX_CHUNK_BYTES * cluster_n and cluster_n < MAX_CLUSTER:
+        cluster_n *= 2
+    columns = _BWD_MAX_COLUMNS.get("add_rmsnorm" if residual else op) if direction == "bwd" else None
+    while columns and n > columns * cluster_n and cluster_n < _BWD_MAX_HALVED_CLUSTER:
         cluster_n *= 2
     n_vecs = n // vec
     chunk_vecs = _cdiv(n_vecs, cluster_n)
