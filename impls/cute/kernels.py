@@ -96,14 +96,16 @@ through two dependent row reductions. Over a cluster (one_exchange: 79 / 74 / 64
 fit, but probably wait on L2 for weight and bias one vector after another (RMSNorm written that way
 fell from 95 to 82% at N = 32768; no counters taken); of the 5-10 points gained, one exchange
 instead of two gave 1.5-2.5, the register diet the rest.
-The backward (b802734: reports/nvidia-h200/2026-11-24/cute-bwd, reports/nvidia-h100/2026-11-24/
-cute-bwd), bf16 sweep: RMSNorm 91-96% up to N = 65536 on the H200 (78% at 262144), 92-98% on the
-H100; the fused add 92-98% on the H200 (87% at 16384, 83% at 262144), 84-100% on the H100 (84% at
-16384); LayerNorm 88-93% up to 8192 on the H200 (81% at 5120), then 75 / 78 / 71 / 52% from 16384:
-its 512-thread CTA (one per SM) keeps dbias in shared memory there and has room for two ring stages
-only (one row in flight). The H100's LayerNorm: 92-96% up to 8192, 89-92% to 65536, 69% at 262144.
-A cluster instead (dbias back in registers, more stages) lost: 60 vs 74% at 16384 before the stats
-prefetch (cute-bwd-launch-search, c16), each row then waiting on an exchange between the CTAs.
+The backward (e71ba72: reports/nvidia-h200/2026-11-24/cute-columns-cap and cute-refresh for RMSNorm,
+reports/nvidia-h100/2026-11-24/cute-columns-cap), bf16 sweep: RMSNorm 92-96% up to N = 65536 on the
+H200 (78% at 262144), 91-98% on the H100; the fused add 95-98% on the H200 (84% at 262144), 95-100%
+on the H100; LayerNorm 88-93% up to 16384 on the H200 but 81% at 5120, then 83 / 70 / 52% at
+32768 / 65536 / 262144; the H100's LayerNorm 92-96% up to 65536, 69% at 262144. ncu at those wide
+points: DRAM traffic 0.99-1.01x the bytes model, 25-26% of warps active (one 512-thread CTA per SM),
+LayerNorm's DRAM rate falling from 3.9 TB/s at 16384 to 2.2 at 262144 on the H200. So they lack
+bytes in flight, not bytes: the H100 reaches 95% with the same LayerNorm kernel at 65536. At 262144
+only 7 clusters of 16 fit (112 of 132 SMs), and LayerNorm's 32 KB chunk there keeps dbias in shared
+memory with a two-stage ring.
 Rows of an odd width (N = 4001: 2-byte vectors, no cp.async) run at 33-53% (H200) / 43-68% (H100).
 fp32 at N = 262144 fits one ring stage only (128 KB per CTA): correct, not overlapped. In the
 forward, an fp32 row of 262144 gives each thread 16 vectors of 4 (64 registers for x alone) under
@@ -160,7 +162,7 @@ _MAX_CHUNK_BYTES = 32 * 1024
 # 32768, 77 -> 89 at 10240, 58 -> 77 at 24576, 71 -> 70 at 65536, 88 -> 83 at 12288; the fused add
 # 87 -> 97 at 16384, 92 -> 96-97 at 32768 / 65536. Not taken where it would need 16 CTAs (N =
 # 131072: LayerNorm 70 -> 61, the fused add 92 -> 87), nor for fp32 rows, which stay at 8192
-# columns per 32 KB (4096 columns: 3-28 points lost, the fused add 99.7 -> 70.6 at 5120). Plain
+# columns per 32 KB (4096 columns: 4-30 points lost, the fused add 99.7 -> 70.6 at 5120). Plain
 # RMSNorm keeps 32 KB: 16 KB lost 4-5 points at 32768 / 65536. Before the rstd/mean prefetch the
 # halving had lost (LayerNorm at 16384, 74 -> 60): every row waited on its statistics and on the
 # exchange between the CTAs in turn. (reports/nvidia-h200/2026-11-24/cute-chunk-search)
