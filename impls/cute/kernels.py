@@ -43,11 +43,11 @@ inside a CTA, ``threads_per_row`` threads share a row and each holds ``vecs_per_
 ``vec`` elements, strided by ``vec * threads_per_row`` so that a warp's accesses are contiguous.
 ``vec`` is 128 bits (8 bf16/fp16, 4 fp32) when N, the row strides and the pointers allow it,
 narrower otherwise. Rows up to 32 KB stay in one CTA (several rows per CTA when they are short);
-wider rows go to a cluster (up to 16 CTAs, 32 KB per CTA), so every row is read from DRAM exactly once at every N up to 262144, and beyond until a CTA's share
-outgrows shared memory (the narrowest reach: the LayerNorm backward, fp32 rows of about 295000 and
-16-bit ones of about 430000; wider rows get a ValueError). The backward of LayerNorm and of the
-fused add takes at most 8192 columns per CTA (16 KB of a 16-bit row) in clusters of up to 8
-(``_BWD_MAX_COLUMNS``).
+wider rows go to a cluster (up to 16 CTAs, 32 KB per CTA), so every row is read from DRAM exactly
+once at every N up to 262144, and beyond until a CTA's share outgrows shared memory (the narrowest
+reach: the LayerNorm backward, fp32 rows of about 295000 and 16-bit ones of about 430000; wider
+rows get a ValueError). The backward of LayerNorm and of the fused add takes at most 8192 columns
+per CTA (16 KB of a 16-bit row) in clusters of up to 8 (``_BWD_MAX_COLUMNS``).
 
 Launch shapes are valid by construction: planned_launch computes each kernel's launch shape and
 its exact shared memory (shared_memory_bytes mirrors the allocation order; a test compares it with
