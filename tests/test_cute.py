@@ -227,7 +227,7 @@ def test_backward_columns_per_cta_capped_for_layernorm_and_the_fused_add():
     fp32 rows (8192 columns per 32 KB already), plain RMSNorm, and rows that would need a 16-CTA
     cluster keep the 32 KB chunk."""
     def plan(n, op, residual=False, elem=2):
-        launch, smem = K.planned_launch(n, elem, 16 // elem, "bwd", op, False, residual)
+        launch, _ = K.planned_launch(n, elem, 16 // elem, "bwd", op, False, residual)
         return launch.cluster_n, K.backward_ring(launch, elem, op, residual)
 
     for op, residual in (("layernorm", False), ("rmsnorm", True)):

@@ -178,8 +178,10 @@ _BWD_THREADS_PER_SM = 512
 _BWD_ROUNDED_UP_THREADS_MAX = 640
 # The LayerNorm backward carries two fp32 accumulators (dweight, dbias) per column: beyond 16 KB of
 # row per 512-thread CTA both no longer fit in 128 registers (ptxas spilled 80-272 B per thread), so
-# dbias moves to shared memory there. That beat halving the chunk (a cluster twice as large) on the
-# H200: LayerNorm bwd at N = 65536, 285 vs 335 us.
+# dbias moves to shared memory there. Before the rstd/mean prefetch that beat halving the chunk (a
+# cluster twice as large) on the H200: LayerNorm bwd at N = 65536, 285 vs 335 us. Since, 16-bit
+# rows halve instead up to a cluster of 8 (_BWD_MAX_COLUMNS), so shared memory takes dbias for fp32
+# chunks over 4096 columns and for 16-bit rows past that cap's reach (N > 65536).
 _DBIAS_SMEM_ABOVE_BYTES = 16 * 1024
 # Most ring stages of the backward. More stages keep more rows in flight, but measured they did not
 # pay (H100, bf16): RMSNorm at N = 4001 fell from 67 to 43% of copy bandwidth with 8 stages, at 3584
