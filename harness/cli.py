@@ -13,20 +13,16 @@ import shlex
 import sys
 from pathlib import Path
 
-from .contract import DIRECTIONS, DTYPES, OPS
-from .ops import WEIGHTS
+from harness.spec.contract import DIRECTIONS, DTYPES, OPS
+from harness.spec.errors import OneLineParser, UsageError
+from harness.spec.ops import WEIGHTS
 
-IMPLS_START, IMPLS_END = "<!-- impls:start -->", "<!-- impls:end -->"
 IMPL_HELP = (
     "glob(s) over implementation names or DSLs, comma-separated; a plain name that is an implementation's "
     "selects that one only; '!GLOB' excludes (default: all)"
 )
 OP_HELP = f"{', '.join(OPS)} (comma-separated; default: all)"
-REPORTS_HELP = "where to look for the newest report when no folder is given (default: reports)"
-
-
-class UsageError(ValueError):
-    pass
+REPORTS_HELP = "where the current report of each GPU is (reports/<gpu>/) when no folder is given (default: reports)"
 
 
 def _split(value: str | None, allowed, what: str) -> list[str]:
@@ -135,7 +131,7 @@ def _why_not(impl, device: str) -> str | None:
 
 
 def implementation_rows(device: str | None = None) -> list[dict]:
-    from .registry import all_implementations
+    from harness.registry import all_implementations
 
     here = device or _default_device()
     rows = []
@@ -162,37 +158,16 @@ def implementation_rows(device: str | None = None) -> list[dict]:
     return sorted(rows, key=lambda r: (r["external"], r["dsl"], r["name"]))
 
 
-def markdown_impl_table() -> str:
-    from .registry import all_implementations
-
-    lines = ["| name | DSL | ops | dtypes | runs on | what it is |", "|---|---|---|---|---|---|"]
-    for impl in sorted(all_implementations().values(), key=lambda i: (i.external, i.dsl, i.name)):
-        src = f" ([source]({impl.sources[0]}))" if impl.sources else ""
-        prompt = f" (prompt: [{Path(impl.prompt).name}]({impl.prompt}))" if impl.prompt else ""
-        runs = ", ".join(impl.devices) + (f" (CPU: {impl.interpreter}=1)" if impl.interpreter and "cpu" in impl.devices else "")
-        lines.append(
-            f"| `{impl.name}` | {impl.dsl} | {', '.join(impl.ops)} | {', '.join(impl.dtypes)} | {runs} | {impl.description}{src}{prompt} |"
-        )
-    return "\n".join(lines)
-
-
 def cmd_list(a) -> int:
+    from harness.results import generated
+
     if a.update_readme:
         readme = _readme(a.readme)
-        text = readme.read_text()
-        if IMPLS_START not in text:
-            raise UsageError(f"{readme} has no {IMPLS_START} ... {IMPLS_END} section")
-        new = re.sub(
-            re.escape(IMPLS_START) + r".*?" + re.escape(IMPLS_END),
-            lambda _m: f"{IMPLS_START}\n{markdown_impl_table()}\n{IMPLS_END}",
-            text,
-            flags=re.S,
-        )
-        readme.write_text(new)
+        generated.write_section(readme, "impls", generated.impl_table())
         print(f"updated the implementation table in {readme}")
         return 0
     if a.markdown:
-        print(markdown_impl_table())
+        print(generated.impl_table())
         return 0
     device = _default_device()
     rows = implementation_rows()
@@ -201,7 +176,7 @@ def cmd_list(a) -> int:
         return 0
     from rich.table import Table
 
-    from .registry import DISCOVERY_ERRORS
+    from harness.registry import DISCOVERY_ERRORS
 
     t = Table(title=f"normbench implementations (this machine: {device})")
     for c in ("name", "DSL", "ops", "dtypes", "runs here?"):
@@ -223,7 +198,7 @@ def cmd_list(a) -> int:
 # ---------------------------------------------------------------- check
 def _shape(text: str):
     """One shape from the command line: parse_shape's checks, and a row length N >= 1."""
-    from .shapes import parse_shape
+    from harness.spec.shapes import parse_shape
 
     shape = parse_shape(text)
     if shape.n < 1:
@@ -232,7 +207,7 @@ def _shape(text: str):
 
 
 def _shape_sets(value: str | None, device: str):
-    from .shapes import SHAPE_SETS
+    from harness.spec.shapes import SHAPE_SETS
 
     if value is None:
         names = ["smoke", "edge"] if device == "cpu" else ["smoke", "edge", "decode"]
@@ -261,132 +236,31 @@ def _shape_sets(value: str | None, device: str):
     return out
 
 
-ULP_NOTE = (
-    "max ulp: the largest error in units of the output dtype's last place at the reference value. A point "
-    "passes when every element is within max(ulps * ulp, rtol * |ref|) + floor * rms(its terms) "
-    "(harness/tolerances.py): near-zero elements of a cancelling sum (dx, dweight) are held to the floor, "
-    "not to 2 ulps, so a passing row can show a large max ulp."
-)
-
-
-def _check_table(results, device: str, width: int = 100):
-    from rich.table import Table
-
-    t = Table(title=f"normbench check ({device})", padding=(0, 1), collapse_padding=True)
-    # names whole where the width allows (the other columns take 64), folded, never cut, otherwise
-    name_width = max(12, min(width - 64, max((len(r.impl) for _, r in results), default=14)))
-    for c in ("implementation", "op", "dir", "dtype", "shapes", "pass", "fail", "error", "max ulp"):
-        t.add_column(c, justify="right" if c in ("pass", "fail", "error", "max ulp") else "left", overflow="fold",
-                     min_width=name_width if c == "implementation" else None)  # fmt: skip
-    groups: dict = {}
-    for sname, r in results:
-        groups.setdefault((r.impl, r.op, r.direction, r.dtype, sname), []).append(r)
-    for (name, op, d, dt, sname), rs in groups.items():
-        ok = sum(r.status == "pass" for r in rs)
-        fail = sum(r.status == "fail" for r in rs)
-        err = sum(r.status == "error" for r in rs)
-        worst = max((t.max_ulp for r in rs for t in r.tensors if t.max_ulp == t.max_ulp), default=float("nan"))
-        style = "green" if not (fail or err) else "red"
-        t.add_row(name, op, d, dt, sname, f"[{style}]{ok}[/]", str(fail), str(err), f"{worst:.3g}")
-    return t
-
-
-def _check_progress(groups: list, quiet: bool):
-    """One (implementation, op, points) group at a time: a bar naming the implementation on a
-    terminal, one line per group otherwise (a log must show that a long check is moving)."""
-    import time
-
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    total = sum(len(pts) for _, _, pts in groups)
-    if quiet or not sys.stdout.isatty():
-        done = 0
-        for i, (name, op, pts) in enumerate(groups, 1):
-            t0 = time.perf_counter()
-            stats: dict = {}
-            for pt in pts:
-                yield pt, stats
-            done += len(pts)
-            if not quiet:
-                counts = ", ".join(f"{v} {k}" for k, v in sorted(stats.items()))
-                print(f"check [{i}/{len(groups)}] {name} {op}: {counts or 'nothing run'} "
-                      f"({time.perf_counter() - t0:.1f} s; {done}/{total} points)", flush=True)  # fmt: skip
-        return
-    cols = (TextColumn("check [bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-    with Progress(*cols, transient=True) as bar:
-        task = bar.add_task("", total=total)
-        for name, op, pts in groups:
-            bar.update(task, description=f"{name} {op}")
-            stats = {}
-            for pt in pts:
-                yield pt, stats
-                bar.advance(task)
-
-
 def cmd_check(a) -> int:
     device = _device(a.device)
     if device == "cpu":
         # before anything imports triton: its own language functions are decorated at import
-        from .contract import INTERPRETERS
+        from harness.spec.interpreters import INTERPRETERS
 
         os.environ.setdefault(INTERPRETERS["triton"], "1")
-    from .checker import run_check
-    from .registry import select
+    from harness.registry import select
+    from harness.run import check
 
     ops = _split(a.op, OPS, "op")
     dirs = _split(a.direction, DIRECTIONS, "direction")
     dtypes = _split(a.dtype, tuple(DTYPES), "dtype")
     sets = _shape_sets(a.shapes, device)
     json_path = _output_file(a.json, "--json")
-    impls = select(a.impl)
-    groups = [
-        (impl.name, op, [(impl, op, d, dt, sname, s) for d in dirs for dt in dtypes for sname, shapes in sets for s in shapes])
-        for impl in impls
-        for op in ops
-        if op in impl.ops
-    ]
-    results = []
-    skipped = {}
-    for (impl, op, d, dt, sname, s), stats in _check_progress(groups, a.quiet):
-        if impl.name in skipped:
-            stats["skipped"] = stats.get("skipped", 0) + 1
-            continue
-        r = run_check(impl, op, d, s, dt, device, seed=a.seed, weights=a.weights, overflow=a.overflow)
-        word = {"pass": "passed", "fail": "failed", "error": "errors", "skip": "skipped"}[r.status]
-        stats[word] = stats.get(word, 0) + 1
-        if r.status == "skip" and impl.unavailable(device):
-            skipped[impl.name] = r.error
-            continue
-        results.append((sname, r))
-    con = _console()
-    con.print(_check_table(results, device, con.width))
-    con.print(f"[dim]{ULP_NOTE}[/]")
-    for name, why in skipped.items():
-        con.print(f"[yellow]skipped[/] {name}: {why}")
-    bad = [(s, r) for s, r in results if r.status in ("fail", "error")]
-    for _, r in bad[:50]:
-        con.print(f"[red]{r.status.upper()}[/] {r.impl} {r.op} {r.direction} {r.dtype} {r.shape}: {r.summary()}")
-    if len(bad) > 50:
-        con.print(f"... and {len(bad) - 50} more")
+    command = "normbench " + " ".join(shlex.quote(x) for x in sys.argv[1:])
+    outcome = check.run(select(a.impl), ops, dirs, dtypes, sets, device, seed=a.seed, weights=a.weights,
+                        overflow=a.overflow, quiet=a.quiet)  # fmt: skip
+    check.print_summary(outcome, _console())
     if json_path:
-        from .bench import environment
-
-        payload = {
-            "command": "normbench " + " ".join(shlex.quote(x) for x in sys.argv[1:]),
-            "environment": environment(device),
-            "skipped": skipped,
-            "results": [dict(r.to_json(), shape_set=s) for s, r in results],
-        }
-        json_path.parent.mkdir(parents=True, exist_ok=True)
-        json_path.write_text(json.dumps(payload, indent=1))
-    n_ok = sum(r.status == "pass" for _, r in results)
-    n_skip = sum(r.status == "skip" for _, r in results)
-    con.print(f"{n_ok} passed, {len(bad)} failed, {n_skip} points skipped, {len(skipped)} implementations skipped")
-    if not n_ok and not bad:
-        reasons = sorted({why for why in skipped.values()} | {r.error for _, r in results if r.status == "skip"})
-        print(f"normbench: check: nothing was checked on {device}: every selected point was skipped ({'; '.join(reasons)})", file=sys.stderr)
+        check.write_json(outcome, json_path, command)
+    if outcome.nothing_checked:
+        print(f"normbench: check: nothing was checked on {device}: every selected point was skipped ({'; '.join(outcome.skip_reasons())})", file=sys.stderr)
         return 1
-    return 1 if bad else 0
+    return 1 if outcome.bad else 0
 
 
 # ---------------------------------------------------------------- bench / rank / report
@@ -401,8 +275,8 @@ def _refuse_to_overwrite(out: Path, a) -> None:
 def _bench_selection(a):
     """The points `bench` and `warm` plan from their shared flags: implementations, ops,
     directions, shape sets, dtypes and weight variants (bench's defaults)."""
-    from .registry import select
-    from .roofline import DIRECTIONS_BENCH
+    from harness.registry import select
+    from harness.spec.roofline import DIRECTIONS_BENCH
 
     ops = _split(a.op, OPS, "op")
     dirs = _split(a.direction or "fwd,bwd", DIRECTIONS_BENCH, "direction")
@@ -416,8 +290,8 @@ def _bench_selection(a):
 def cmd_bench(a) -> int:
     import torch
 
-    from . import report
-    from .bench import default_out_dir, run_bench
+    from harness.results import report
+    from harness.run.bench import default_out_dir, run_bench
 
     if a.out:  # before anything else: a folder of results is never wiped by accident
         _refuse_to_overwrite(Path(a.out), a)
@@ -428,25 +302,25 @@ def cmd_bench(a) -> int:
     if not a.out:  # the default folder (named by the GPU) is known only now
         _refuse_to_overwrite(out, a)
     command = "normbench " + " ".join(shlex.quote(x) for x in sys.argv[1:])
-    from .bench import CudaTimer
+    from harness.run.timer import CudaTimer
 
     if a.rep_ms <= 0 or a.warmup_ms < 0:
         raise UsageError("--rep-ms must be > 0 and --warmup-ms >= 0")
     timer = CudaTimer(warmup_ms=a.warmup_ms, rep_ms=a.rep_ms)
-    rows = run_bench(impls, ops, dirs, sets, dtypes, out, resume=a.resume, command=command, timer=timer, weights=weights)
-    written = report.write_report(out)
+    meta, rows = run_bench(impls, ops, dirs, sets, dtypes, out, resume=a.resume, command=command, timer=timer, weights=weights)
+    written = report.write_report(out, meta, rows)
     _print_rank(rows)
     print(f"wrote {out}/results.jsonl, {written['report']}, {written['csv']} and {len(written['plots'])} plots")
     if a.profile:
-        from .profile import profile
+        from harness.run.profile import profile
 
-        profile(out, ns=profile_ns, ops=ops, directions=dirs)
-        report.write_report(out)
+        profile(out, ns=profile_ns, ops=ops, directions=dirs, rows=rows)
+        report.write_report(out, meta, rows)
     return 0
 
 
 def cmd_warm(a) -> int:
-    from .warm import run_warm
+    from harness.run.warm import run_warm
 
     if a.jobs < 1:
         raise UsageError("--jobs must be >= 1")
@@ -474,8 +348,8 @@ def _ints(value: str, what: str) -> list[int]:
 
 
 def cmd_merge(a) -> int:
-    from . import report
-    from .bench import merge_results
+    from harness.results import report
+    from harness.results.store import merge_results
 
     rows = merge_results(Path(a.dest), [Path(p) for p in a.sources], commit=a.commit)
     written = report.write_report(Path(a.dest))
@@ -484,8 +358,8 @@ def cmd_merge(a) -> int:
 
 
 def cmd_overhead(a) -> int:
-    from .overhead import markdown, run
-    from .registry import select
+    from harness.registry import select
+    from harness.run.overhead import markdown, run
 
     device = _device(a.device)
     ops = _split(a.op, OPS, "op")
@@ -502,12 +376,21 @@ def cmd_overhead(a) -> int:
 
 
 def cmd_profile(a) -> int:
-    from . import report
-    from .profile import DEFAULT_NS, profile
-    from .roofline import DIRECTIONS_BENCH
+    from harness.results import report
+    from harness.run.profile import DEFAULT_NS, profile
+    from harness.spec.roofline import DIRECTIONS_BENCH
 
     _require_cuda("profile")
-    out = Path(a.dir) if a.dir else report.newest_report(Path(a.reports))
+    if a.dir:
+        out = Path(a.dir)
+    else:
+        import torch
+
+        from harness.run.environment import slug
+
+        out = Path(a.reports) / slug(torch.cuda.get_device_name(0))
+        if not (out / "results.jsonl").exists():
+            raise UsageError(f"no benchmark report of this GPU in {out} (name a folder)")
     ops = _split(a.op, OPS, "op") if a.op else None
     dirs = _split(a.direction, DIRECTIONS_BENCH, "direction") if a.direction else None
     ns = _ints(a.n, "--n") if a.n else list(DEFAULT_NS)
@@ -524,7 +407,7 @@ def _print_rank(rows) -> int:
     """Print the leaderboards; returns how many were printed."""
     from rich.table import Table
 
-    from . import rank
+    from harness.results import rank
 
     con = _console()
     printed = 0
@@ -554,37 +437,59 @@ def _print_rank(rows) -> int:
 
 
 def cmd_rank(a) -> int:
-    from . import report
-    from .bench import load_results
+    from harness.results import generated, report
+    from harness.results.store import load_results
 
-    paths = [Path(p) for p in a.results] or [report.newest_report(Path(a.reports))]
-    rows = []
-    for path in paths:
-        rows += load_results(path) if path.is_file() else report.load(path)[1]
-    where = ", ".join(map(str, paths))
-    if not rows:
-        raise UsageError(f"no benchmark points in {where}")
-    if not _print_rank(rows):
-        raise UsageError(f"nothing to rank in {where}: all {len(rows)} points were skipped (not run here)")
+    if a.results:
+        groups = [(", ".join(a.results), [r for p in map(Path, a.results) for r in (load_results(p) if p.is_file() else report.load(p)[1])])]
+    else:
+        dirs = generated.current_reports(Path(a.reports))
+        if not dirs:
+            raise UsageError(f"no benchmark report under {a.reports}/ (run `normbench bench` first, or name a folder)")
+        groups = []
+        for d in dirs:
+            meta, rows = report.load(d)
+            groups.append((f"{d} ({meta.get('gpu', '?')})", rows))
+    printed = 0
+    for where, rows in groups:
+        if not rows:
+            raise UsageError(f"no benchmark points in {where}")
+        _console().rule(f"[bold]{where}")
+        printed += _print_rank(rows)
+    if not printed:
+        raise UsageError(f"nothing to rank in {', '.join(w for w, _ in groups)}: every point was skipped (not run here)")
     return 0
 
 
-def cmd_report(a) -> int:
-    from . import report
+def _report_dirs(a) -> list[Path]:
+    """The folders a command works on: those given, else the current report of every GPU."""
+    from harness.results import generated
 
-    d = Path(a.dir) if a.dir else report.newest_report(Path(a.reports))
-    readme = _readme(a.readme) if a.update_readme else None
-    written = report.write_report(d)
-    print(f"wrote {written['report']}, {written['csv']} and {len(written['plots'])} plots")
-    if a.update_readme:
-        report.update_readme(d, readme)
-        print(f"updated the leaderboard in {a.readme} from {d}")
+    dirs = [Path(d) for d in a.dirs] if a.dirs else generated.current_reports(Path(a.reports))
+    if not dirs:
+        raise UsageError(f"no benchmark report under {a.reports}/ (run `normbench bench` first, or name a folder)")
+    return dirs
+
+
+def cmd_report(a) -> int:
+    from harness.results import generated, report
+
+    if a.update_leaderboard:
+        leaderboard, readme = _readme(a.leaderboard), _readme(a.readme)
+    dirs = _report_dirs(a)
+    loaded = [(d, *report.load(d)) for d in dirs]  # every folder read before anything is written
+    for d, meta, rows in loaded:
+        written = report.write_report(d, meta, rows)
+        print(f"wrote {written['report']}, {written['csv']} and {len(written['plots'])} plots")
+    if a.update_leaderboard:
+        generated.update_leaderboard(dirs, leaderboard, readme)
+        print(f"updated {leaderboard} and the summary in {readme} from {', '.join(map(str, dirs))}")
     return 0
 
 
 # ---------------------------------------------------------------- DSL hooks
 def cmd_tune(a) -> int:
-    from .registry import select
+    from harness.registry import select
 
     impls = [i for i in select(a.impl) if i.hooks.get("tune")]
     if not impls:
@@ -610,7 +515,7 @@ def cmd_tune(a) -> int:
 
 
 def cmd_codegen(a) -> int:
-    from .registry import get
+    from harness.registry import get
 
     impl = get(a.impl)
     fn = impl.hook("codegen")
@@ -634,11 +539,11 @@ def cmd_codegen(a) -> int:
 def cmd_model(a) -> int:
     device = _device(a.device)
     if device == "cpu":  # before transformers imports triton (see cmd_check)
-        from .contract import INTERPRETERS
+        from harness.spec.interpreters import INTERPRETERS
 
         os.environ.setdefault(INTERPRETERS["triton"], "1")
-    from . import models
-    from .registry import select
+    from harness.registry import select
+    from harness.run import models
 
     why = models.transformers_missing()
     if why:
@@ -648,12 +553,18 @@ def cmd_model(a) -> int:
                       trials=a.trials, out=Path(a.out) if a.out else None, dtype=a.dtype, seed=a.seed)  # fmt: skip
 
 
+# Commands whose code is not the harness's: TritonBench's adapter, and the LLM generator, which lives
+# with its samples in impls/llm (the harness never imports an implementation package by name, so it
+# is found by module path, as implementations are).
+_DELEGATES = {"tritonbench": "harness.tools.tritonbench", "generate": "impls.llm.generate"}
+
+
 def cmd_delegate(module: str):
     def run(a) -> int:
         import importlib
 
         try:
-            mod = importlib.import_module(f"harness.{module}")
+            mod = importlib.import_module(_DELEGATES[module])
         except ModuleNotFoundError as e:
             raise UsageError(f"`normbench {module}` is not available in this checkout ({e})") from None
         return mod.main(a.rest)
@@ -662,16 +573,8 @@ def cmd_delegate(module: str):
 
 
 # ---------------------------------------------------------------- parser
-class _Parser(argparse.ArgumentParser):
-    """argparse, but a usage error is one line (and exit status 2) like every other bad input."""
-
-    def error(self, message):
-        command = self.prog.removeprefix("normbench").strip()
-        raise UsageError(f"{command}: {message}" if command else message)
-
-
 def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="normbench", description="RMSNorm / LayerNorm kernels across GPU DSLs: checked against fp64, ranked against the copy roofline.")
+    p = OneLineParser(prog="normbench", description="RMSNorm / LayerNorm kernels across GPU DSLs: checked against fp64, ranked against the copy roofline.")
     sub = p.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
 
     s = sub.add_parser("list", help="every implementation, whether it runs here and why not")
@@ -700,7 +603,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("bench", help="check, then time against the copy roofline (GPU)")
     common(s, ("fwd", "bwd", "fwdbwd"))
-    s.add_argument("--out", help="report folder (default: reports/<gpu>/<date>)")
+    s.add_argument("--out", help="report folder (default: runs/<gpu>/<date>; merge it into reports/<gpu> with `normbench merge`)")
     s.add_argument("--resume", action="store_true", help="skip points already in the folder's results.jsonl")
     s.add_argument("--overwrite", action="store_true", help="start over in a folder that holds results (they are deleted)")
     s.add_argument("--profile", action="store_true", help="then `normbench profile` the folder (Nsight Compute counters)")
@@ -715,16 +618,17 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--jobs", type=int, default=max(1, min(8, (os.cpu_count() or 2) // 2)), help="worker processes (default: half the CPUs, at most 8)")
     s.set_defaults(fn=cmd_warm)
 
-    s = sub.add_parser("rank", help="leaderboards from benchmark results (default: the newest report)")
+    s = sub.add_parser("rank", help="leaderboards from benchmark results (default: the current report of each GPU)")
     s.add_argument("results", nargs="*", help="report folders or results.jsonl files")
     s.add_argument("--reports", default="reports", help=REPORTS_HELP)
     s.set_defaults(fn=cmd_rank)
 
-    s = sub.add_parser("report", help="write report.md, results.csv and plots for a benchmark folder")
-    s.add_argument("dir", nargs="?", help="report folder (default: the newest)")
+    s = sub.add_parser("report", help="write report.md, results.csv and plots for benchmark folders; regenerate the leaderboard")
+    s.add_argument("dirs", nargs="*", help="report folders (default: the current report of each GPU, reports/<gpu>/)")
     s.add_argument("--reports", default="reports", help=REPORTS_HELP)
-    s.add_argument("--update-readme", action="store_true", help="regenerate the README's leaderboard section")
-    s.add_argument("--readme", default="README.md", help="the README --update-readme rewrites (default: README.md)")
+    s.add_argument("--update-leaderboard", action="store_true", help="regenerate reports/LEADERBOARD.md and the README's summary from these folders")
+    s.add_argument("--leaderboard", default="reports/LEADERBOARD.md", help="the leaderboard file (default: reports/LEADERBOARD.md)")
+    s.add_argument("--readme", default="README.md", help="the README whose summary is rewritten (default: README.md)")
     s.set_defaults(fn=cmd_report)
 
     s = sub.add_parser("merge", help="fold other benchmark folders of the same GPU into one (their points replace same-key points)")
@@ -745,7 +649,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(fn=cmd_overhead)
 
     s = sub.add_parser("profile", help="Nsight Compute counters for benchmarked points: DRAM bytes vs the bytes model (GPU)")
-    s.add_argument("dir", nargs="?", help="benchmark folder (default: the newest)")
+    s.add_argument("dir", nargs="?", help="benchmark folder (default: this GPU's current report, reports/<gpu>/)")
     s.add_argument("--reports", default="reports", help=REPORTS_HELP)
     s.add_argument("--impl", help="glob(s) over implementation names or DSLs (default: the best of each DSL)")
     s.add_argument("--op", help=OP_HELP)
@@ -782,7 +686,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--dtype", default="bf16", help="model dtype: bf16 or fp32 (default: bf16)")
     s.add_argument("--device", help="cpu or cuda (default: cuda if available)")
     s.add_argument("--seed", type=int, default=0, help="seed of the weights and batches (default: 0)")
-    s.add_argument("--out", help="report folder (default: reports/<gpu>/<date>/models)")
+    s.add_argument("--out", help="report folder (default: runs/<gpu>/<date>/models)")
     s.set_defaults(fn=cmd_model)
 
     for name, helptext in (("tritonbench", "run TritonBench with every implementation registered"), ("generate", "generate kernels with an LLM endpoint")):

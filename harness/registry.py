@@ -1,5 +1,6 @@
 """Automatic discovery: every subpackage of ``impls/`` that lists ``IMPLEMENTATIONS`` registers
-itself, and so do the external baselines in ``harness.anchors``. There is no central list."""
+itself (the external baselines in ``impls/external`` too). There is no central list. The harness
+never imports an implementation by name: ``impls`` is found and imported here as a plugin root."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import importlib
 import pkgutil
 import warnings
 
-from .contract import Implementation
+from harness.spec.contract import Implementation
 
 _REGISTRY: dict[str, Implementation] | None = None
 # Import errors of a package's ``__init__`` (which must not import its DSL): shown by `list`.
@@ -16,12 +17,9 @@ DISCOVERY_ERRORS: dict[str, str] = {}
 
 
 def _discover() -> dict[str, Implementation]:
-    import impls
-
-    from . import anchors
-
+    impls = importlib.import_module("impls")
     found: dict[str, Implementation] = {}
-    modules = [anchors]
+    modules = []
     for info in sorted(pkgutil.iter_modules(impls.__path__), key=lambda i: i.name):
         if not info.ispkg:
             continue
@@ -31,6 +29,8 @@ def _discover() -> dict[str, Implementation]:
             DISCOVERY_ERRORS[f"impls.{info.name}"] = f"{type(e).__name__}: {e}"
             warnings.warn(f"impls.{info.name} failed to import: {e}", stacklevel=2)
     for mod in modules:
+        # a package may register part of itself and report what it could not (impls.llm's samples)
+        DISCOVERY_ERRORS.update(getattr(mod, "DISCOVERY_ERRORS", {}))
         for impl in getattr(mod, "IMPLEMENTATIONS", ()):
             if not isinstance(impl, Implementation):
                 raise TypeError(f"{mod.__name__}.IMPLEMENTATIONS holds {type(impl).__name__}, not Implementation")

@@ -5,7 +5,7 @@ import torch
 if not torch.cuda.is_available():
     # Triton decorates its own language functions (tl.sum, tl.cdiv) when it is first imported, so
     # the interpreter must be on before anything (Helion included) imports triton.
-    # (Helion's own interpreter is switched on around each call: harness.contract.interpreter_env)
+    # (Helion's own interpreter is switched on around each call: harness.spec.interpreters.interpreter_env)
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import pytest  # noqa: E402

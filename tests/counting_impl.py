@@ -4,7 +4,7 @@ compiled model or a CUDA graph actually runs. Not in ``impls/``: the registry ne
 
 from collections import Counter
 
-from harness.contract import Implementation
+from harness.spec.contract import Implementation
 from impls.compile.kernels import _ln_bwd, _ln_fwd, _rms_bwd, _rms_fwd
 
 CALLS: Counter = Counter()

@@ -6,8 +6,8 @@ compiled. Run: rows whose squares overflow fp32 give NaN, never a finite value."
 import pytest
 import torch
 
-from harness.inputs import make_case
-from harness.shapes import SHAPE_SETS
+from harness.spec.inputs import make_case
+from harness.spec.shapes import SHAPE_SETS
 
 # narrow, mid, a non-power of two, a row too wide for one tile, the widest
 REGIMES = {s.n: s for s in SHAPE_SETS["smoke"] + SHAPE_SETS["edge"] if s.n in (7, 1001, 2880, 20001, 262144)}

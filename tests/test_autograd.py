@@ -4,9 +4,9 @@
 import pytest
 import torch
 
-from harness import reference
-from harness.autograd import AddRMSNorm, LayerNorm, RMSNorm, add_rmsnorm, layernorm, rmsnorm
-from harness.checker import compare
+from harness.spec import reference
+from harness.integrate.autograd import AddRMSNorm, LayerNorm, RMSNorm, add_rmsnorm, layernorm, rmsnorm
+from harness.run.checker import compare
 
 from . import counting_impl
 from .conftest import DEVICE, known_failure_marks
@@ -34,7 +34,7 @@ def call(op, impl, x, residual, w, b, weight_offset=0.0):
 
 def expected(op, x, residual, dy, dres, w_eff, b):
     """fp64 reference outputs and input gradients {name: tensor}, and the term scale of each
-    gradient that cancels (the tolerance floor, as harness.checker takes it)."""
+    gradient that cancels (the tolerance floor, as harness.run.checker takes it)."""
     if op == "add_rmsnorm":
         y, h, rstd = reference.add_rmsnorm_fwd(x, residual, w_eff, EPS)
         dh, dw = reference.add_rmsnorm_bwd(dy, dres, h, w_eff, rstd)
@@ -85,7 +85,7 @@ def check_against_reference(op, impl, dtype, param_dtype=None, weight_offset=0.0
         if name in ("dweight", "dbias"):
             # Returned in the parameter's dtype; checked to x's precision: whether a kernel reduces
             # dweight beside an fp32 weight to fp32 precision is the kernel checker's business
-            # (harness.checker), the plumbing of the gradient is this test's.
+            # (harness.run.checker), the plumbing of the gradient is this test's.
             want = (w if name == "dweight" else b).dtype
             assert out.dtype == want, f"{name} is {out.dtype}, the parameter {want}"
             out = out.to(x.dtype)

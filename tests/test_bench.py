@@ -6,12 +6,14 @@ import math
 import pytest
 import torch
 
-from harness import rank, report
-from harness.bench import NOISY_SPREAD, load_results, run_bench, summarize
-from harness.contract import Implementation
+from harness.results import rank, report
 from harness.registry import get
-from harness.roofline import bytes_moved, tbps
-from harness.shapes import Shape
+from harness.results.store import load_results
+from harness.run.bench import run_bench
+from harness.run.timer import NOISY_SPREAD, summarize
+from harness.spec.contract import Implementation
+from harness.spec.roofline import bytes_moved, tbps
+from harness.spec.shapes import Shape
 
 
 class FakeTimer:
@@ -93,7 +95,7 @@ def _broken():
 def test_bench_isolates_failures_writes_as_it_goes_and_resumes(tmp_path, monkeypatch):
     impls = [get("eager"), _crasher(), _broken()]
     timer = FakeTimer({"eager": 2.0, "crasher": 1.0, "broken": 1.0})
-    import harness.bench as bench
+    import harness.run.bench as bench
 
     real = bench.measure_point
 
@@ -104,7 +106,7 @@ def test_bench_isolates_failures_writes_as_it_goes_and_resumes(tmp_path, monkeyp
     monkeypatch.setattr(bench, "measure_point", tracking)
     shapes = [("sweep", (Shape((64, 256)), Shape((16, 1024))))]
     common = dict(device="cpu", timer=timer, copy_bandwidth={"tbps": 0.001}, progress=False)
-    rows = run_bench(impls, ["rmsnorm"], ["fwd", "bwd"], shapes, ["bf16"], tmp_path, **common)
+    _, rows = run_bench(impls, ["rmsnorm"], ["fwd", "bwd"], shapes, ["bf16"], tmp_path, **common)
     assert len(rows) == 3 * 2 * 2
     st = {(r["impl"], r["direction"]): r["status"] for r in rows}
     assert st[("crasher", "fwd")] == "error" and st[("broken", "bwd")] == "failed" and st[("broken", "fwd")] == "ok"
@@ -116,7 +118,7 @@ def test_bench_isolates_failures_writes_as_it_goes_and_resumes(tmp_path, monkeyp
     # an interrupted run: drop the last lines, resume measures only those
     lines = (tmp_path / "results.jsonl").read_text().splitlines()
     (tmp_path / "results.jsonl").write_text("\n".join(lines[:5]) + "\n" + lines[5][:20])
-    rows2 = run_bench(impls, ["rmsnorm"], ["fwd", "bwd"], shapes, ["bf16"], tmp_path, resume=True, **common)
+    _, rows2 = run_bench(impls, ["rmsnorm"], ["fwd", "bwd"], shapes, ["bf16"], tmp_path, resume=True, **common)
     assert len(rows2) == 12 and len({(r["impl"], r["direction"], r["shape"]) for r in rows2}) == 12
     meta = json.loads((tmp_path / "meta.json").read_text())
     assert len(meta["runs"]) == 2 and meta["copy_bandwidth_tbps"] == 0.001
@@ -129,23 +131,35 @@ def test_bench_isolates_failures_writes_as_it_goes_and_resumes(tmp_path, monkeyp
     assert load_results(tmp_path / "results.jsonl") == rows2
 
 
-def test_readme_leaderboard_is_regenerated(tmp_path):
+def test_leaderboard_and_summary_are_regenerated_from_each_gpus_report(tmp_path):
+    from harness.results import generated
+
     rows = [_row("eager", 1024, 2.0, frac=0.25, dsl="eager"), _row("ext", 1024, 1.0, frac=0.5, dsl="external")]
-    d = tmp_path / "reports" / "gpu" / "2026-01-01"
-    d.mkdir(parents=True)
-    (d / "results.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
-    (d / "meta.json").write_text(json.dumps({"gpu": "Fake GPU", "copy_bandwidth_tbps": 4.0}))
-    readme = tmp_path / "README.md"
-    readme.write_text("intro\n<!-- leaderboard:start -->\nSTALE-TABLE\n<!-- leaderboard:end -->\nrest\n")
-    report.update_readme(d, readme)
-    text = readme.read_text()
-    assert "STALE-TABLE" not in text and "ext (external)" in text and text.startswith("intro") and text.endswith("rest\n")
-    assert report.newest_report(tmp_path / "reports") == d
+    dirs = []
+    for gpu in ("gpu-a", "gpu-b"):
+        d = tmp_path / "reports" / gpu
+        d.mkdir(parents=True)
+        (d / "results.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
+        (d / "meta.json").write_text(json.dumps({"gpu": f"Fake {gpu}", "copy_bandwidth_tbps": 4.0}))
+        dirs.append(d)
+    (tmp_path / "reports" / "experiments" / "x").mkdir(parents=True)  # not a GPU's current report
+    assert generated.current_reports(tmp_path / "reports") == dirs
+    board, readme = tmp_path / "reports" / "LEADERBOARD.md", tmp_path / "README.md"
+    board.write_text("# Leaderboard\n<!-- leaderboard:start -->\nSTALE-TABLE\n<!-- leaderboard:end -->\n")
+    readme.write_text("intro\n<!-- summary:start -->\nSTALE\n<!-- summary:end -->\nrest\n")
+    generated.update_leaderboard(dirs, board, readme)
+    text, summary = board.read_text(), readme.read_text()
+    assert "STALE-TABLE" not in text and "ext (external)" in text and "## Fake gpu-a" in text and "## Fake gpu-b" in text
+    assert "](gpu-a/report.md)" in text  # links relative to the leaderboard's folder
+    assert "STALE" not in summary and summary.startswith("intro") and summary.endswith("rest\n")
+    assert "**Fake gpu-b** ([report](reports/gpu-b/report.md))" in summary and "| 50% |" in summary
+    with pytest.raises(ValueError, match="no <!-- summary:start -->"):
+        generated.update_leaderboard(dirs, board, board)
 
 
 def test_merge_replaces_points_and_keeps_each_runs_provenance(tmp_path, monkeypatch, capsys):
-    from harness.bench import merge_results
     from harness.cli import main
+    from harness.results.store import merge_results
 
     monkeypatch.setenv("NORMBENCH_COMMIT", "aaaa")
     eager = get("eager")
@@ -191,7 +205,7 @@ def test_merge_replaces_points_and_keeps_each_runs_provenance(tmp_path, monkeypa
 
 def test_merge_of_a_folder_from_before_runs_were_numbered(tmp_path):
     """Its points name no run and only its newest run knows its commit: merge guesses neither."""
-    from harness.bench import merge_results
+    from harness.results.store import merge_results
 
     main_dir, old = tmp_path / "main", tmp_path / "old"
     for d, runs, commit in ((main_dir, [{"command": "a", "git_commit": "aaaa"}], "aaaa"),
@@ -226,9 +240,9 @@ def test_bytes_model_comes_from_the_op_record():
 
 
 def test_callables_wire_the_backward_from_the_record():
-    from harness.bench import callables
-    from harness.contract import DTYPES
-    from harness.inputs import make_case
+    from harness.run.bench import callables
+    from harness.spec.contract import DTYPES
+    from harness.spec.inputs import make_case
 
     k = get("eager").kernels("cpu")
     case = make_case("add_rmsnorm", Shape((8, 64)), DTYPES["bf16"])
@@ -242,7 +256,7 @@ def test_callables_wire_the_backward_from_the_record():
 
 
 def test_weight_variants_are_points_of_their_own_ranked_apart(tmp_path, monkeypatch):
-    import harness.bench as bench
+    import harness.run.bench as bench
 
     timer = FakeTimer({"eager": 2.0})
     timer.current = "eager"
@@ -251,7 +265,7 @@ def test_weight_variants_are_points_of_their_own_ranked_apart(tmp_path, monkeypa
     weights = ("same", "fp32", "offset")
     todo = bench.plan([get("eager")], ["add_rmsnorm"], ["fwd"], shapes, ["bf16", "fp32"], weights)
     assert sorted((t[5], t[6]) for t in todo) == [("bf16", "fp32"), ("bf16", "offset"), ("bf16", "same"), ("fp32", "offset"), ("fp32", "same")]
-    rows = run_bench([get("eager")], ["add_rmsnorm"], ["fwd", "bwd"], shapes, ["bf16"], tmp_path, weights=weights, **common)
+    _, rows = run_bench([get("eager")], ["add_rmsnorm"], ["fwd", "bwd"], shapes, ["bf16"], tmp_path, weights=weights, **common)
     assert len(rows) == 6 and all(r["status"] == "ok" for r in rows)
     assert len({bench.point_key(r) for r in rows}) == 6  # no collision between variants
     by = {(r["direction"], r["weights"]): r for r in rows}
@@ -286,7 +300,7 @@ def test_between_points_are_drawn_on_the_sweeps_axes(tmp_path, monkeypatch):
 
 def test_error_text_reaches_reports_without_terminal_colour_codes():
     """CuTe DSL's compiler colours its errors; a crashed point is recorded and reported as plain text."""
-    from harness.contract import describe_error
+    from harness.spec.errors import describe_error
 
     coloured = "\x1b[91m\x1b[1merror[INTERNAL]:\x1b[0m The compiler could not build valid IR\nmore"
     assert describe_error(RuntimeError(coloured)) == "RuntimeError: error[INTERNAL]: The compiler could not build valid IR"

@@ -4,9 +4,9 @@ import pytest
 import torch
 
 from harness import get
-from harness.checker import compare, poisoned_allocations, run_check
-from harness.contract import OPS, Implementation
-from harness.shapes import SHAPE_SETS, Shape
+from harness.run.checker import compare, poisoned_allocations, run_check
+from harness.spec.contract import OPS, Implementation
+from harness.spec.shapes import SHAPE_SETS, Shape
 
 
 def mutant(factory: str, ops=("rmsnorm",)) -> Implementation:
@@ -102,8 +102,8 @@ def test_compare_reports_ulps_and_relative_l2():
 
 @pytest.mark.parametrize("dtype", ["bf16", "fp16", "fp32"])
 def test_inputs_are_fresh_random_never_zero(dtype):
-    from harness.contract import DTYPES
-    from harness.inputs import make_case
+    from harness.spec.contract import DTYPES
+    from harness.spec.inputs import make_case
 
     a = make_case("layernorm", Shape((32, 100)), DTYPES[dtype], seed=1)
     b = make_case("layernorm", Shape((32, 100)), DTYPES[dtype], seed=2)
@@ -146,8 +146,8 @@ def test_dweight_in_x_dtype_beside_fp32_weights_is_rejected(dtype):
 
 
 def test_fp32_and_offset_weights_reach_the_kernels_as_fp32():
-    from harness.contract import DTYPES
-    from harness.inputs import make_case
+    from harness.spec.contract import DTYPES
+    from harness.spec.inputs import make_case
 
     same = make_case("layernorm", Shape((4, 64)), DTYPES["bf16"], weights="same")
     fp32 = make_case("layernorm", Shape((4, 64)), DTYPES["bf16"], weights="fp32")

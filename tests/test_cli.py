@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from harness.cli import main, markdown_impl_table
-from harness.contract import OPS
+from harness.cli import main
+from harness.results.generated import impl_table
+from harness.spec.contract import OPS
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -46,7 +47,7 @@ def test_bad_input_is_one_line_and_exit_2(args, needle, capsys):
 
 def test_a_range_of_a_shape_set_keeps_its_name_and_its_n_in_range():
     from harness.cli import _shape_sets
-    from harness.shapes import SHAPE_SETS, SWEEP_N
+    from harness.spec.shapes import SHAPE_SETS, SWEEP_N
 
     [(name, shapes)] = _shape_sets("sweep@5120-", "cuda")
     assert name == "sweep" and [s.n for s in shapes] == [n for n in SWEEP_N if n >= 5120]
@@ -82,7 +83,7 @@ def test_check_that_checked_nothing_fails_with_the_reason():
 def test_readme_implementation_table_is_generated_from_the_registry():
     text = (ROOT / "README.md").read_text()
     start, end = text.index("<!-- impls:start -->"), text.index("<!-- impls:end -->")
-    assert text[start:end].split("\n", 1)[1].strip() == markdown_impl_table().strip(), "run: normbench list --update-readme"
+    assert text[start:end].split("\n", 1)[1].strip() == impl_table().strip(), "run: normbench list --update-readme"
 
 
 def _readme_record() -> str:
@@ -147,7 +148,7 @@ def test_a_gpu_only_folder_fails_loudly_where_it_cannot_run(new_folder, capsys):
 def test_a_plain_implementation_name_does_not_select_a_dsl_of_that_name(new_folder):
     from harness.registry import select
 
-    new_folder('from harness.contract import Implementation\nIMPLEMENTATIONS = [Implementation(name="mynorm", dsl="eager", entry="impls.mynorm.kernels")]\n')
+    new_folder('from harness.spec.contract import Implementation\nIMPLEMENTATIONS = [Implementation(name="mynorm", dsl="eager", entry="impls.mynorm.kernels")]\n')
     assert [i.name for i in select("eager")] == ["eager"]
     assert {i.name for i in select("eager*")} == {"eager", "mynorm"}  # a glob still matches DSLs
 
@@ -162,13 +163,13 @@ def _render(renderable, width: int) -> str:
 
 def test_tables_are_readable_at_100_columns():
     """Every implementation name whole on one line, no number cut off, the ulp column explained."""
-    from harness.checker import CheckResult, TensorReport
-    from harness.cli import ULP_NOTE, _check_table
     from harness.registry import all_implementations
+    from harness.run.check import ULP_NOTE, Outcome, table
+    from harness.run.checker import CheckResult, TensorReport
 
     names = sorted(all_implementations())
     results = [("smoke", CheckResult(n, "layernorm", "bwd", "128x4096", "bf16", "cpu", "pass", [TensorReport("dx", True, 1e-3, 1.2345e6, 1e-4)])) for n in names]
-    text = _render(_check_table(results, "cpu", 100), 100)
+    text = _render(table(Outcome("cpu", results), 100), 100)
     assert "…" not in text and "max ulp" in text and text.count("1.23e+06") == len(names)
     assert all(n in text for n in names), [n for n in names if n not in text]
     assert "floor" in ULP_NOTE and "2 ulps" in ULP_NOTE

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from harness.bench import run_bench
 from harness.cli import main
+from harness.run.bench import run_bench
 
 ROOT = Path(__file__).resolve().parent.parent
 META = {"gpu": "Fake GPU", "copy_bandwidth_tbps": 4.0, "runs": [{"command": "normbench bench", "copy_bandwidth": {"tbps": 4.0}}]}
@@ -146,7 +146,8 @@ BAD_ARGS = [
     (["codegen", "helion", "--n", "x"], "codegen: argument --n"),
     (["list", "--update-readme", "--readme", "{T}/missing.md"], "no such file"),
     (["list", "--update-readme", "--readme", "{T}"], "is a folder"),
-    (["report", "{GOOD}", "--update-readme", "--readme", "{T}/missing.md"], "no such file"),
+    (["report", "{GOOD}", "--update-leaderboard", "--readme", "{T}/missing.md"], "no such file"),
+    (["report", "{GOOD}", "--update-leaderboard", "--leaderboard", "{T}/missing.md"], "no such file"),
     (["rank", "{T}/nowhere"], "no such benchmark folder"),
     (["merge", "{GOOD}"], "merge: the following arguments are required"),
     (["tune", "--impl", "helion"], "needs a CUDA GPU"),
@@ -177,9 +178,9 @@ def test_bad_arguments_are_one_line_and_exit_2(argv, needle, tmp_path, capsys):
     assert _snapshot(good) == before and not (tmp_path / "missing.md").exists()
 
 
-def test_report_update_readme_checks_the_readme_before_writing_the_report(tmp_path, capsys):
+def test_report_update_leaderboard_checks_the_readme_before_writing_the_report(tmp_path, capsys):
     good = _folder(tmp_path / "good")
-    _one_line_exit_2(["report", str(good), "--update-readme", "--readme", str(tmp_path / "no.md")], capsys, "no such file")
+    _one_line_exit_2(["report", str(good), "--update-leaderboard", "--readme", str(tmp_path / "no.md")], capsys, "no such file")
     assert not (good / "report.md").exists()
 
 

@@ -4,8 +4,8 @@ import pytest
 import torch
 
 from harness import get
-from harness.autograd import LayerNorm, RMSNorm, layernorm, rmsnorm
-from harness.contract import Implementation
+from harness.integrate.autograd import LayerNorm, RMSNorm, layernorm, rmsnorm
+from harness.spec.contract import Implementation
 
 K = get("eager").kernels("cpu")
 

@@ -1,4 +1,4 @@
-"""The custom ops (harness.library): torch.library.opcheck for every implementation that runs here,
+"""The custom ops (harness.integrate.library): torch.library.opcheck for every implementation that runs here,
 torch.compile(fullgraph=True) of a model holding each implementation's modules, which kernels a
 compiled model calls, CUDA-graph capture (GPU), and process-wide side effects (subprocess)."""
 
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from harness.autograd import AddRMSNorm, LayerNorm, RMSNorm, norm_ops
+from harness.integrate.autograd import AddRMSNorm, LayerNorm, RMSNorm, norm_ops
 from harness.registry import all_implementations
 
 from . import counting_impl
@@ -195,9 +195,9 @@ os.environ.pop("TRITON_INTERPRET", None)
 os.environ.pop("HELION_INTERPRET", None)
 import torch
 from harness import get
-from harness.autograd import RMSNorm
-from harness.checker import run_check
-from harness.shapes import SHAPE_SETS
+from harness.integrate.autograd import RMSNorm
+from harness.run.checker import run_check
+from harness.spec.shapes import SHAPE_SETS
 
 # a model holding a Helion module, compiled with fullgraph=True: dynamo must not trace Helion
 model = torch.nn.Sequential(torch.nn.Linear(64, 64), RMSNorm(64, impl="helion"))
@@ -235,7 +235,7 @@ def test_helion_first_then_compile_then_triton_in_one_process():
 
 
 def test_compiled_functions_by_name_and_by_record(fresh_dynamo):
-    from harness.autograd import add_rmsnorm, rmsnorm
+    from harness.integrate.autograd import add_rmsnorm, rmsnorm
 
     def f(x, w):
         y, h = add_rmsnorm(x, x.flip(0), w, 1e-5, impl=counting_impl.RECORD, weight_offset=1.0)
@@ -248,7 +248,7 @@ def test_compiled_functions_by_name_and_by_record(fresh_dynamo):
 def test_eager_calls_take_the_twin_and_compiled_code_the_custom_op():
     """Outside torch.compile the differentiable forward is an autograd.Function around the same
     validated kernels (no custom-op dispatch per call); in a compiled graph it is the custom op."""
-    from harness.autograd import norm_ops, rmsnorm
+    from harness.integrate.autograd import norm_ops, rmsnorm
 
     ops = norm_ops("eager")
     twin = ops.forward("rmsnorm")

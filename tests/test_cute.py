@@ -13,11 +13,12 @@ import torch
 pytest.importorskip("cutlass")
 os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")  # compile for Hopper with no driver present
 
-from harness import reference  # noqa: E402
-from harness.checker import compare, poisoned_allocations  # noqa: E402
-from harness.inputs import make_case  # noqa: E402
-from harness.shapes import SHAPE_SETS  # noqa: E402
+from harness.spec import reference  # noqa: E402
+from harness.run.checker import compare, poisoned_allocations  # noqa: E402
+from harness.spec.inputs import make_case  # noqa: E402
+from harness.spec.shapes import SHAPE_SETS  # noqa: E402
 from impls.cute import kernels as K  # noqa: E402
+from impls.cute import plan as P  # noqa: E402
 
 BF16, FP16, FP32 = torch.bfloat16, torch.float16, torch.float32
 # every N of the CPU shape sets (smoke and edge), plus the widest row (a 16-CTA cluster)
@@ -27,7 +28,7 @@ VARIANTS = [(op, d) for op in ("rmsnorm", "layernorm") for d in ("fwd", "bwd")]
 
 
 def _regime(n: int, dtype: torch.dtype, op: str = "rmsnorm") -> str:
-    L = K.launch_shape(n, dtype.itemsize, math.gcd(n, 16 // dtype.itemsize), "fwd", op)
+    L = P.launch_shape(n, dtype.itemsize, math.gcd(n, 16 // dtype.itemsize), "fwd", op)
     return "clustered" if L.cluster_n > 1 else ("staged" if L.stage_x else "narrow")
 
 
@@ -107,15 +108,15 @@ def test_shared_memory_model_matches_the_compiler(op, direction, dtype, n, resid
     K.compile_only(op, direction, dtype, n, residual=residual)
     key = K.kernel_key(op, direction, dtype, n, vec, dtype, dtype if op == "layernorm" and direction == "fwd" else None,
                        residual)  # fmt: skip
-    launch, smem = K.planned_launch(n, dtype.itemsize, vec, direction, key[0], False, key[7])
-    assert _compiled_smem(key) == smem <= K.SMEM_LIMIT
+    launch, smem = P.planned_launch(n, dtype.itemsize, vec, direction, key[0], False, key[7])
+    assert _compiled_smem(key) == smem <= P.SMEM_LIMIT
 
 
 def test_whole_warp_launch_compiles():
     """Just past a power-of-two width a power-of-two thread count would leave a CTA of the cluster
     empty: those rows get a whole-warp thread count instead (bf16 N = 131080: 352 or so)."""
     for direction in ("fwd", "bwd"):
-        L = K.launch_shape(131080, 2, 8, direction, "layernorm")
+        L = P.launch_shape(131080, 2, 8, direction, "layernorm")
         assert L.threads_per_row & (L.threads_per_row - 1) and L.threads_per_row % 32 == 0
         assert (L.cluster_n - 1) * L.chunk < 131080 <= L.cluster_n * L.chunk
         assert K.compile_only("layernorm", direction, BF16, 131080) > 0
@@ -147,8 +148,8 @@ def test_every_launch_up_to_the_widest_sweep_row_is_valid():
         for n in ns:
             vec = math.gcd(n, 16 // elem)
             for op, direction, residual in _sweep_variants():
-                L, _ = K.planned_launch.__wrapped__(n, elem, vec, direction, op, False, residual)
-                assert not K._leaves_a_cta_empty(n // vec, L.cluster_n, L.threads_per_row, L.vecs_per_thread)
+                L, _ = P.planned_launch.__wrapped__(n, elem, vec, direction, op, False, residual)
+                assert not P._leaves_a_cta_empty(n // vec, L.cluster_n, L.threads_per_row, L.vecs_per_thread)
 
 
 def test_narrow_vector_and_few_row_launches_are_valid():
@@ -158,24 +159,24 @@ def test_narrow_vector_and_few_row_launches_are_valid():
         for n in _swept_n(20000, 101):
             for vec in {1, math.gcd(n, 2)}:
                 for op, direction, residual in _sweep_variants():
-                    K.planned_launch.__wrapped__(n, elem, vec, direction, op, direction == "fwd", residual)
+                    P.planned_launch.__wrapped__(n, elem, vec, direction, op, direction == "fwd", residual)
 
 
 def test_launch_shape_checks_reject_invalid_shapes():
-    good = K.launch_shape(4096, 2, 8)
-    K.check_launch(good, 4096, 1024)
+    good = P.launch_shape(4096, 2, 8)
+    P.check_launch(good, 4096, 1024)
     bad = [
-        (K.Launch(8, 2048, 2048, 1, 1), 16384, 0, "threads per CTA"),
-        (K.Launch(8, 48, 96, 1, 1), 384, 0, "threads per row"),
-        (K.Launch(8, 512, 512, 32, 1), 131072, 0, "cluster of 32"),
-        (K.Launch(8, 64, 128, 2, 1), 1024, 0, "rows per CTA in a cluster"),
-        (K.Launch(8, 512, 512, 1, 1), 4097, 0, "vectors of 8"),
-        (K.Launch(8, 128, 128, 1, 1), 4096, 0, "not covered"),
-        (good, 4096, K.SMEM_LIMIT + 1, "shared memory"),
+        (P.Launch(8, 2048, 2048, 1, 1), 16384, 0, "threads per CTA"),
+        (P.Launch(8, 48, 96, 1, 1), 384, 0, "threads per row"),
+        (P.Launch(8, 512, 512, 32, 1), 131072, 0, "cluster of 32"),
+        (P.Launch(8, 64, 128, 2, 1), 1024, 0, "rows per CTA in a cluster"),
+        (P.Launch(8, 512, 512, 1, 1), 4097, 0, "vectors of 8"),
+        (P.Launch(8, 128, 128, 1, 1), 4096, 0, "not covered"),
+        (good, 4096, P.SMEM_LIMIT + 1, "shared memory"),
     ]
     for launch, n, smem, words in bad:
         with pytest.raises(ValueError, match=words):
-            K.check_launch(launch, n, smem)
+            P.check_launch(launch, n, smem)
 
 
 def test_rows_out_of_reach_raise_a_clear_error():
@@ -192,7 +193,7 @@ def test_rows_out_of_reach_raise_a_clear_error():
 
 def test_rows_beyond_32_bits_are_refused():
     with pytest.raises(ValueError, match="32-bit"):
-        K._check_call(K.MAX_ROWS + 1)
+        K._check_call(P.MAX_ROWS + 1)
 
 
 def test_launch_shapes_cover_the_row_once():
@@ -201,13 +202,13 @@ def test_launch_shapes_cover_the_row_once():
             vec = math.gcd(n, 16 // elem)
             for op, residual in (("rmsnorm", False), ("rmsnorm", True), ("layernorm", False), ("add_rmsnorm", True)):
                 for direction in ("fwd", "bwd"):
-                    L = K.launch_shape(n, elem, vec, direction, op, residual=residual)
+                    L = P.launch_shape(n, elem, vec, direction, op, residual=residual)
                     assert L.cluster_n * L.chunk >= n  # every column is covered
                     assert (L.cluster_n - 1) * L.chunk < n  # and no CTA of a cluster is empty
                     assert L.cluster_n == 1 or L.rows_per_cta == 1
                     assert L.chunk * elem <= 2 * 32 * 1024 or L.cluster_n == 16
                     assert not L.stage_x or (direction == "fwd" and L.threads_per_row >= 32)
-                    few = K.launch_shape(n, elem, vec, direction, op, few_rows=True, residual=residual)
+                    few = P.launch_shape(n, elem, vec, direction, op, few_rows=True, residual=residual)
                     assert few == L if L.cluster_n > 1 or not L.stage_x else not few.stage_x
 
 
@@ -216,7 +217,7 @@ def test_backward_tiles_of_whole_warps():
     of two, which left threads idle."""
     for op, residual, n, tpr in (("layernorm", False, 2304, 160), ("rmsnorm", True, 2304, 160),
                                  ("rmsnorm", False, 5120, 320), ("rmsnorm", False, 2880, 192)):
-        L = K.launch_shape(n, 2, 8, "bwd", op, residual=residual)
+        L = P.launch_shape(n, 2, 8, "bwd", op, residual=residual)
         assert (L.threads_per_row, L.threads_per_row * L.vecs_per_thread * 8 >= n) == (tpr, True)
         assert K.compile_only(op, "bwd", BF16, n, residual=residual) > 0
 
@@ -227,8 +228,8 @@ def test_backward_columns_per_cta_capped_for_layernorm_and_the_fused_add():
     fp32 rows (8192 columns per 32 KB already), plain RMSNorm, and rows that would need a 16-CTA
     cluster keep the 32 KB chunk."""
     def plan(n, op, residual=False, elem=2):
-        launch, _ = K.planned_launch(n, elem, 16 // elem, "bwd", op, False, residual)
-        return launch.cluster_n, K.backward_ring(launch, elem, op, residual)
+        launch, _ = P.planned_launch(n, elem, 16 // elem, "bwd", op, False, residual)
+        return launch.cluster_n, P.backward_ring(launch, elem, op, residual)
 
     for op, residual in (("layernorm", False), ("rmsnorm", True)):
         for n, cluster in ((8192, 1), (10240, 2), (16384, 2), (32768, 4), (65536, 8), (131072, 8), (262144, 16)):
@@ -246,26 +247,26 @@ def test_backward_columns_per_cta_capped_for_layernorm_and_the_fused_add():
 
 def test_few_rows_compile_an_unstaged_forward():
     """LayerNorm rows of 16 KB are staged in shared memory for many rows, not for a decode batch."""
-    assert K.launch_shape(8192, 2, 8, "fwd", "layernorm").stage_x
-    assert not K.launch_shape(8192, 2, 8, "fwd", "layernorm", few_rows=True).stage_x
+    assert P.launch_shape(8192, 2, 8, "fwd", "layernorm").stage_x
+    assert not P.launch_shape(8192, 2, 8, "fwd", "layernorm", few_rows=True).stage_x
     assert K.compile_only("layernorm", "fwd", BF16, 8192, few_rows=True) > 0
 
 
 def test_vector_width_respects_strides_and_alignment():
     x = torch.empty(4, 1024, dtype=BF16)
-    assert K.vector_width(1000, BF16, x[:, :1000]) == 8
-    assert K.vector_width(1000, BF16, x[:, 1:1001]) == 1  # pointer off by one element
-    assert K.vector_width(1000, BF16, torch.empty(4, 1004, dtype=BF16)[:, :1000]) == 4
-    assert K.vector_width(1003, BF16, x[:, :1003]) == 1
+    assert P.vector_width(1000, BF16, x[:, :1000]) == 8
+    assert P.vector_width(1000, BF16, x[:, 1:1001]) == 1  # pointer off by one element
+    assert P.vector_width(1000, BF16, torch.empty(4, 1004, dtype=BF16)[:, :1000]) == 4
+    assert P.vector_width(1003, BF16, x[:, :1003]) == 1
 
 
 def test_vector_width_aligns_fp32_weights_to_a_whole_vector():
     """An fp32 weight beside bf16 x is read 8 elements (32 bytes) per vector of x."""
     x = torch.empty(4, 1024, dtype=BF16)
     w = torch.empty(1024 + 8, dtype=FP32)
-    assert K.vector_width(1024, BF16, x, w[:1024]) == 8
-    assert K.vector_width(1024, BF16, x, w[4:1028]) == 4  # 16-byte aligned only
-    assert K.vector_width(1024, BF16, x, w[1:1025]) == 1
+    assert P.vector_width(1024, BF16, x, w[:1024]) == 8
+    assert P.vector_width(1024, BF16, x, w[4:1028]) == 4  # 16-byte aligned only
+    assert P.vector_width(1024, BF16, x, w[1:1025]) == 1
 
 
 def test_compile_keys_carry_the_parameter_dtypes():
@@ -461,8 +462,8 @@ def test_backward_ring_rounds_ctas_up_only_without_spilling_or_losing_a_stage():
     """3 CTAs of 192 threads (LayerNorm at N = 2880), 2 of 320; not 2 of 384 (768 threads: 85
     registers), and not the fused add's ring, which would lose a stage; its 4-CTA rings take 3."""
     def ring(n, op="layernorm", residual=False):
-        launch, _ = K.planned_launch(n, 2, 8, "bwd", op, False, residual)
-        return launch.num_threads, K.backward_ring(launch, 2, op, residual)
+        launch, _ = P.planned_launch(n, 2, 8, "bwd", op, False, residual)
+        return launch.num_threads, P.backward_ring(launch, 2, op, residual)
 
     assert [(t, r.ctas_per_sm, r.stages) for t, r in (ring(2880), ring(5120), ring(6144))] == [(192, 3, 4), (320, 2, 4), (384, 1, 4)]
     threads, add = ring(2880, "rmsnorm", residual=True)

@@ -8,11 +8,12 @@ import importlib.util
 import pytest
 import torch
 
-from harness.checker import compare, poisoned_allocations
-from harness.contract import DTYPES
-from harness.inputs import make_case
-from harness.shapes import SHAPE_SETS
+from harness.run.checker import compare, poisoned_allocations
+from harness.spec.contract import DTYPES
+from harness.spec.inputs import make_case
+from harness.spec.shapes import SHAPE_SETS
 
+from .conftest import DEVICE, HAS_CUDA
 from .gpu_only_dsl import (
     CALLS,
     REGIMES,
@@ -21,7 +22,6 @@ from .gpu_only_dsl import (
     compiling_or_skip,
     inputs,
 )
-from .conftest import DEVICE, HAS_CUDA
 
 HAS_CUTILE = importlib.util.find_spec("cuda") is not None and importlib.util.find_spec("cuda.tile") is not None
 needs_cutile = pytest.mark.skipif(not HAS_CUTILE, reason="cuda-tile is not installed (pip install -e '.[cutile]')")
@@ -162,7 +162,7 @@ def _rms_bwd_scales(dy, h, w, rstd, dres):
 def test_add_rmsnorm_against_fp64(contract, dtype, param_dtype):
     """y, residual_out (bit for bit the rounded sum), rstd, and dh with and without
     dresidual_out, dweight in the weight's dtype, on every shape of the smoke and edge sets."""
-    from harness import reference
+    from harness.spec import reference
 
     k = contract
     for shape in SHAPE_SETS["smoke"] + SHAPE_SETS["edge"]:

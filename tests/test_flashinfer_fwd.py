@@ -1,4 +1,4 @@
-"""harness.flashinfer_fwd without a GPU: the CLI's answer when FlashInfer is missing, and the point
+"""harness.tools.flashinfer_fwd without a GPU: the CLI's answer when FlashInfer is missing, and the point
 checker on FlashInfer-like fakes (CPU, fp32 math): right ones pass, wrong ones are marked failed or
 error with their reason, and failed points are never timed."""
 
@@ -12,8 +12,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from harness import flashinfer_fwd as ff
-from harness.shapes import Shape
+from harness.tools import flashinfer_fwd as ff
+from harness.spec.shapes import Shape
 
 ROOT = Path(__file__).resolve().parent.parent
 SHAPES = (Shape((8, 256)), Shape((3, 1000)))
@@ -59,7 +59,7 @@ def test_imports_and_variants():
 
 def test_cli_without_flashinfer_exits_2_with_one_line():
     # sys.modules["flashinfer"] = None makes every import of it fail, whatever is installed
-    code = "import sys; sys.modules['flashinfer'] = None; from harness.flashinfer_fwd import main; sys.exit(main([]))"
+    code = "import sys; sys.modules['flashinfer'] = None; from harness.tools.flashinfer_fwd import main; sys.exit(main([]))"
     r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert r.returncode == 2, r.stderr
     text = (r.stdout + r.stderr).strip()

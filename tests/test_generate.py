@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from harness import cli
-from harness.generate import chat_completions_url, extract_code_block, main, store_sample
+from impls.llm.generate import chat_completions_url, extract_code_block, main, store_sample
 
 REPO = Path(__file__).resolve().parent.parent
 PROMPT = REPO / "prompts" / "triton-rmsnorm.v1.md"

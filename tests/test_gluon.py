@@ -9,12 +9,13 @@ import os
 import pytest
 import torch
 
-from harness import reference
-from harness.checker import compare, poisoned_allocations
-from harness.contract import DTYPES
-from harness.inputs import make_case
-from harness.shapes import SHAPE_SETS
+from harness.spec import reference
+from harness.run.checker import compare, poisoned_allocations
+from harness.spec.contract import DTYPES
+from harness.spec.inputs import make_case
+from harness.spec.shapes import SHAPE_SETS
 
+from .conftest import DEVICE, HAS_CUDA
 from .gpu_only_dsl import (
     CALLS,
     REGIMES,
@@ -23,7 +24,6 @@ from .gpu_only_dsl import (
     compiling_or_skip,
     inputs,
 )
-from .conftest import DEVICE, HAS_CUDA
 
 pytestmark = pytest.mark.skipif(
     importlib.util.find_spec("triton") is None or importlib.util.find_spec("triton.experimental.gluon") is None,
@@ -126,8 +126,8 @@ def contract():
     (impls/gluon/interpret.py), which checks everything but the layouts."""
     import dataclasses
 
-    from harness.contract import package
     from harness.registry import get
+    from harness.spec.contract import package
 
     impl = get("gluon")
     if HAS_CUDA:
@@ -171,8 +171,8 @@ def _shapes(dtype, direction="fwd"):
 @pytest.mark.parametrize("op", ["rmsnorm", "layernorm"])
 @pytest.mark.parametrize("dtype", ["bf16", "fp16", "fp32"])
 def test_norms_against_fp64(contract, op, direction, dtype):
-    """The harness's own check (harness.checker.run_check), every shape regime."""
-    from harness.checker import run_check
+    """The harness's own check (harness.run.checker.run_check), every shape regime."""
+    from harness.run.checker import run_check
 
     impl, k = contract
     bad = []
@@ -184,7 +184,7 @@ def test_norms_against_fp64(contract, op, direction, dtype):
 
 
 def _rms_bwd_scales(dy, h, w, rstd, dres):
-    """The checker's tolerance scales for RMSNorm's backward on h (harness.checker._check_tensors),
+    """The checker's tolerance scales for RMSNorm's backward on h (harness.run.checker._check_tensors),
     with |dresidual_out| added to dh's."""
     dy64, r64 = dy.double(), rstd.reshape(-1, 1)
     dx_terms = (dy64 * (w.double() if w is not None else 1.0) * r64).abs()

@@ -18,12 +18,12 @@ helion = pytest.importorskip("helion")
 
 import torch  # noqa: E402
 
-from harness.checker import compare, poisoned_allocations  # noqa: E402
-from harness.inputs import make_case  # noqa: E402
-from harness.ops import OPS  # noqa: E402
 from harness.registry import get  # noqa: E402
-from harness.shapes import SHAPE_SETS, Shape  # noqa: E402
-from impls.helion import codegen, configs, layernorm, rmsnorm  # noqa: E402
+from harness.run.checker import compare, poisoned_allocations  # noqa: E402
+from harness.spec.inputs import make_case  # noqa: E402
+from harness.spec.ops import OPS  # noqa: E402
+from harness.spec.shapes import SHAPE_SETS, Shape  # noqa: E402
+from impls.helion import codegen, configs, kernels  # noqa: E402
 
 ENTRIES = ("rmsnorm_fwd", "rmsnorm_bwd", "layernorm_fwd", "layernorm_bwd")
 
@@ -44,7 +44,7 @@ def drawn(op: str, shape: Shape, dtype: torch.dtype, param_dtype: torch.dtype | 
 def reports(k, op: str, direction: str, case: dict) -> list:
     """The checker's comparison of one direction of ``op`` through ``k`` (contract functions) with the
     fp64 reference, read off the op record: outputs of kind rows in x's dtype, statistics fp32,
-    parameters' gradients in the weight's dtype. As in harness.checker, the backward gets the
+    parameters' gradients in the weight's dtype. As in harness.run.checker, the backward gets the
     reference forward's outputs as a model stores them (statistics rounded to fp32, rows to x's
     dtype) and the tolerance floors of dx / dh, dweight and dbias are relative to their terms: for
     dh, |rstd * dy * w| plus |dresidual_out|."""
@@ -99,10 +99,9 @@ def _pinned_points():
 
 def test_configs_json_is_well_formed():
     for gpu, entry, dtype, n in _pinned_points():
-        op = entry.split("_")[0]
         hit = configs.table()[gpu][entry][dtype][str(n)]
         assert entry in ENTRIES and dtype in ("bf16", "fp16", "fp32")
-        assert hit["kernel"].startswith(entry) and hasattr(rmsnorm if op == "rmsnorm" else layernorm, hit["kernel"])
+        assert hit["kernel"].startswith(entry) and hasattr(kernels, hit["kernel"])
         assert ("first_pass" in hit) == hit["kernel"].endswith("_split")
         configs.Pinned.from_entry(hit, "tuned").helion_config()
 
@@ -201,7 +200,7 @@ def test_few_rows_shrink_the_resident_backwards_block():
 
 def test_one_binary_for_every_m():
     """Dynamic shapes: a new M binds to the same kernel (no recompile), N is specialized."""
-    k = rmsnorm.rmsnorm_fwd_kernel
+    k = kernels.rmsnorm_fwd_kernel
     w = torch.ones(512, dtype=torch.bfloat16)
     a = k.bind((torch.zeros(3, 512, dtype=torch.bfloat16), None, None, w, 1e-5))
     b = k.bind((torch.zeros(4096, 512, dtype=torch.bfloat16)[:, :512], None, None, w, 1e-5))
@@ -240,16 +239,15 @@ def _variant(op: str, direction: str, wide: bool) -> configs.Pinned:
 def _pin(monkeypatch, op: str, wide: bool, compiled: bool) -> SimpleNamespace:
     """The contract functions with ``_variant``'s kernels: compiled to Triton (for its interpreter),
     or in Helion's eager mode, where the CPU path would take the default's variant."""
-    mod = rmsnorm if codegen.KERNELS_OF[op] == "rmsnorm" else layernorm
-    monkeypatch.setattr(mod, "choose", lambda entry, x, rows=1.0: _variant(op, entry.rpartition("_")[2], wide))
+    monkeypatch.setattr(kernels, "choose", lambda entry, x, rows=1.0: _variant(op, entry.rpartition("_")[2], wide))
     if compiled:
 
         def run(kernel, config, *args):
             bound = kernel.bind(args)
             return bound.compile_config(configs.fit(config, bound))(*args)
 
-        monkeypatch.setattr(mod, "launch", run)
-    return SimpleNamespace(**{f"{op}_{d}": getattr(mod, f"{op}_{d}") for d in ("fwd", "bwd")})
+        monkeypatch.setattr(kernels, "launch", run)
+    return SimpleNamespace(**{f"{op}_{d}": getattr(kernels, f"{op}_{d}") for d in ("fwd", "bwd")})
 
 
 @pytest.mark.parametrize("op", list(OPS))
@@ -398,10 +396,10 @@ import helion
 stale = sys.modules["helion.autotuner.config_spec"].helion
 assert stale is not helion and not hasattr(stale, "Config"), "no stale package left: nothing to repair"
 import torch
-from impls.helion import configs, imports, rmsnorm
+from impls.helion import configs, imports, kernels
 assert sys.modules["helion.autotuner.config_spec"].helion is helion, imports.REBOUND
 x = torch.zeros(2, 64)
-bound = rmsnorm.rmsnorm_fwd_kernel.bind((x, None, None, x[0], 1e-5))
+bound = kernels.rmsnorm_fwd_kernel.bind((x, None, None, x[0], 1e-5))
 print(type(configs.fit({"block_sizes": [1]}, bound)).__name__, "after rebinding", len(imports.REBOUND))
 """
 
@@ -467,14 +465,14 @@ def test_gpu_launch_pins_a_config_and_never_autotunes(monkeypatch):
     x = torch.randn(256, 4096, dtype=torch.bfloat16, device="cuda")
     w = torch.ones(4096, dtype=torch.bfloat16, device="cuda")
     # The guard is live: a kernel called without a config does reach the patched method.
-    unpinned = helion.kernel(rmsnorm.rmsnorm_fwd_kernel.fn, static_shapes=False, autotune_effort="full")
+    unpinned = helion.kernel(kernels.rmsnorm_fwd_kernel.fn, static_shapes=False, autotune_effort="full")
     with pytest.raises(AssertionError, match="started autotuning"):
         unpinned(x, None, None, w, 1e-5)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # an untuned GPU falls back to the default: fine here
-        y, rstd = rmsnorm.rmsnorm_fwd(x, w, 1e-5)
+        y, rstd = kernels.rmsnorm_fwd(x, w, 1e-5)
         wide = torch.randn(64, 32768, dtype=torch.bfloat16, device="cuda")  # the split backward
-        dx, dw = rmsnorm.rmsnorm_bwd(wide, wide, torch.ones(32768, dtype=torch.bfloat16, device="cuda"),
+        dx, dw = kernels.rmsnorm_bwd(wide, wide, torch.ones(32768, dtype=torch.bfloat16, device="cuda"),
                                      torch.ones(64, device="cuda"))
     expected = x.float() * torch.rsqrt(x.float().square().mean(-1, keepdim=True) + 1e-5)
     torch.testing.assert_close(y.float(), expected, rtol=2e-2, atol=2e-2)
@@ -511,37 +509,37 @@ def test_fused_add_backward_takes_longer_rows_configs_when_a_config_does_not_fit
     that fits is remembered; a failure with nothing smaller to take is raised."""
     from triton.runtime.errors import OutOfResources
 
-    resident = configs.Pinned(rmsnorm.rmsnorm_bwd_resident.name, {"block_sizes": [1, 1]}, "test")
+    resident = configs.Pinned(kernels.rmsnorm_bwd_resident.name, {"block_sizes": [1, 1]}, "test")
     split = configs.default_config("rmsnorm_bwd", 40000)  # the column-split kernel
-    assert split.kernel == rmsnorm.rmsnorm_bwd_split.name
+    assert split.kernel == kernels.rmsnorm_bwd_split.name
     asked = []
 
     def choose(entry, x, rows=1.0):
         asked.append(rows)
         return resident if rows < 3 else split
 
-    real_launch = rmsnorm.launch
+    real_launch = kernels.launch
 
     def launch(kernel, config, *args):
         if kernel.name == resident.kernel:
             raise OutOfResources(262280, 232448, "shared memory")
         return real_launch(kernel, config, *args)
 
-    monkeypatch.setattr(rmsnorm, "choose", choose)
-    monkeypatch.setattr(rmsnorm, "launch", launch)
-    monkeypatch.setattr(rmsnorm, "_FITS", {})
+    monkeypatch.setattr(kernels, "choose", choose)
+    monkeypatch.setattr(kernels, "launch", launch)
+    monkeypatch.setattr(kernels, "_FITS", {})
     case = make_case("add_rmsnorm", Shape((8, 96)), torch.float32, "cpu")
     dy, dres, h, w = case["dy"], case["dresidual_out"], case["x"], case["weight"]
     rstd = torch.rsqrt(h.square().mean(-1) + 1e-6)
-    dh, dw = rmsnorm.add_rmsnorm_bwd(dy, dres, h, w, rstd)
-    assert asked == [1.5, 3.0] and list(rmsnorm._FITS.values()) == [3.0]
+    dh, dw = kernels.add_rmsnorm_bwd(dy, dres, h, w, rstd)
+    assert asked == [1.5, 3.0] and list(kernels._FITS.values()) == [3.0]
     xhat = h * rstd[:, None]
     g = dy * w
     expected = (g - xhat * (g * xhat).mean(-1, keepdim=True)) * rstd[:, None] + dres
     torch.testing.assert_close(dh, expected, rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(dw, (dy * xhat).sum(0), rtol=1e-4, atol=1e-4)
-    rmsnorm.add_rmsnorm_bwd(dy, dres, h, w, rstd)
+    kernels.add_rmsnorm_bwd(dy, dres, h, w, rstd)
     assert asked[2:] == [3.0]  # remembered: no second failing launch
-    monkeypatch.setattr(rmsnorm, "choose", lambda entry, x, rows=1.0: resident)
+    monkeypatch.setattr(kernels, "choose", lambda entry, x, rows=1.0: resident)
     with pytest.raises(OutOfResources):  # nothing smaller to take
-        rmsnorm.add_rmsnorm_bwd(dy, dres, h[:4].contiguous(), w, rstd[:4])
+        kernels.add_rmsnorm_bwd(dy, dres, h[:4].contiguous(), w, rstd[:4])

@@ -5,12 +5,12 @@ through its DSL's interpreter) is checked on the smoke and edge shape sets; impl
 
 import pytest
 
-from harness.checker import OVERFLOW_DTYPES, run_check
-from harness.contract import DTYPES, OPS
-from harness.inputs import OVERFLOW_SHAPES
-from harness.ops import get_op
 from harness.registry import all_implementations
-from harness.shapes import SHAPE_SETS
+from harness.run.checker import OVERFLOW_DTYPES, run_check
+from harness.spec.contract import DTYPES, OPS
+from harness.spec.inputs import OVERFLOW_SHAPES
+from harness.spec.ops import get_op
+from harness.spec.shapes import SHAPE_SETS
 
 from .conftest import DEVICE, HAS_CUDA, known_failure_marks
 
@@ -118,7 +118,7 @@ def overflow_plan():
 
 @pytest.mark.parametrize("impl,op,dtype,shapes,direction", list(overflow_plan()))
 def test_overflow_gives_nan_or_the_right_answer(impl, op, dtype, shapes, direction):
-    """Rows whose squares overflow fp32 (harness.inputs.OVERFLOW): NaN as torch returns, or the
+    """Rows whose squares overflow fp32 (harness.spec.inputs.OVERFLOW): NaN as torch returns, or the
     right answer; never a finite wrong number (the backward runs on the forward's own statistics)."""
     _check_all(impl, op, direction, shapes, dtype, overflow=True)
 

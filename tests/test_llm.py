@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from harness import reference
-from harness.checker import run_check
-from harness.generate import add_fix, store_sample
-from harness.shapes import Shape
+from harness.spec import reference
+from harness.run.checker import run_check
+from harness.spec.shapes import Shape
 from impls.llm import SAMPLE_ERRORS, discover, records_for
+from impls.llm.generate import add_fix, store_sample
 from impls.llm.patches import PatchError, apply_patch, make_patch
 from impls.llm.samples import DSLS, OPS, parse_prompt_name, read_sample, sha256_file
 
@@ -236,19 +236,15 @@ def test_malformed_folders_are_skipped_not_fatal(tmp_path):
     SAMPLE_ERRORS.clear()
 
 
-def test_entry_module_is_per_dsl(tmp_path):
-    """The harness decides whether an interpreter was switched on in time from the entry module:
-    llm-triton and llm-helion records must not share it."""
+def test_every_sample_loads_through_one_entry_point(tmp_path):
+    """One loader for every DSL: whether Triton's interpreter was switched on in time is decided by
+    triton's own import, not by the entry module, so the records need no module per DSL."""
     t = records_for(store(tmp_path, GOOD_RMSNORM, "test/entry-t"))[0]
     h = records_for(store(tmp_path, GOOD_RMSNORM, "test/entry-h", PROMPTS / "helion-rmsnorm.v1.md"))[0]
     c = records_for(store(tmp_path, GOOD_RMSNORM, "test/entry-c", PROMPTS / "cute-rmsnorm.v1.md"))[0]
     g = records_for(store(tmp_path, GOOD_RMSNORM, "test/entry-g", PROMPTS / "gluon-rmsnorm.v1.md"))[0]
-    assert (t.entry, h.entry, c.entry, g.entry) == (
-        "impls.llm.load_triton:load",
-        "impls.llm.load_helion:load",
-        "impls.llm.load_cute:load",
-        "impls.llm.load_gluon:load",
-    )
+    assert {r.entry for r in (t, h, c, g)} == {"impls.llm.samples:load_module"}
+    assert (t.dsl, t.interpreter) == ("llm-triton", "TRITON_INTERPRET")
     assert (h.dsl, h.interpreter, c.dsl, c.devices) == ("llm-helion", "HELION_INTERPRET", "llm-cute", ("cuda",))
     assert (g.dsl, g.interpreter, g.devices) == ("llm-gluon", None, ("cuda",))
 
@@ -285,13 +281,13 @@ def test_add_rmsnorm_sample_registers_and_is_checked(tmp_path, weights):
 
 
 def test_discovery_imports_no_dsl(tmp_path):
-    """impls.llm (and harness.generate) import with triton, helion and cutlass unavailable."""
+    """impls.llm (and impls.llm.generate) import with triton, helion and cutlass unavailable."""
     store(tmp_path, GOOD_RMSNORM, "test/no-dsl")
     store(tmp_path, GOOD_ADD_RMSNORM, "test/no-dsl-gluon", PROMPTS / "gluon-add_rmsnorm.v1.md")
     code = (
         "import sys\n"
         "for m in ('triton', 'helion', 'cutlass'): sys.modules[m] = None  # importing them now fails\n"
-        "import impls.llm, harness.generate\n"
+        "import impls.llm, impls.llm.generate\n"
         f"print(len(impls.llm.discover({str(tmp_path / 'llm')!r})))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)

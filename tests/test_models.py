@@ -5,9 +5,9 @@ import json
 
 import pytest
 
-from harness import models
+from harness.run import models
 from harness.cli import main
-from harness.contract import Implementation
+from harness.spec.contract import Implementation
 
 WHY = models.transformers_missing()
 pytestmark = pytest.mark.skipif(WHY is not None, reason=WHY or "")
@@ -65,7 +65,7 @@ def test_norm_level_compile_agrees(tmp_path):
 def test_control_perturbation_is_within_the_check_allowance():
     import torch
 
-    from harness.tolerances import TOLERANCES, ulp
+    from harness.spec.tolerances import TOLERANCES, ulp
 
     norm = torch.nn.RMSNorm(64, dtype=torch.bfloat16)
     x = torch.randn(32, 64, generator=torch.Generator().manual_seed(0)).bfloat16()

@@ -21,7 +21,8 @@ def test_quick_start_gives_a_cpu_build_of_pytorch_and_ci_keeps_its_pin():
     assert cpu in quick
     # the CPU build comes first, the extras (which would pull a CUDA torch) after it
     assert quick.index(cpu) < quick.index("pip install -e '.[triton,helion,cute,dev]'")
-    assert re.search(r"takes a while\*\*: \d+ minutes on 2 CPU cores", quick)  # the expected time of `normbench check` on the CPU
+    # a full `normbench check` is long on a CPU: the Quick start says how to narrow it
+    assert re.search(r"--impl [\w,]+", quick) and "--shapes smoke" in quick
     assert "pip install -q torch==2.13.0" in (ROOT / ".ci" / "run").read_text()
 
 

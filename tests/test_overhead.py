@@ -3,10 +3,10 @@
 import json
 
 from harness.cli import main
-from harness.contract import Implementation
-from harness.overhead import markdown, run
 from harness.registry import get
-from harness.shapes import Shape
+from harness.run.overhead import markdown, run
+from harness.spec.contract import Implementation
+from harness.spec.shapes import Shape
 
 
 def test_overhead_rows_and_a_failing_implementation_is_recorded(tmp_path):

@@ -5,9 +5,9 @@ too, where the plan checks fewer shapes than in bf16."""
 import pytest
 
 import tests.test_implementations as generated
-from harness.checker import run_check
-from harness.contract import Implementation
-from harness.shapes import SHAPE_SETS
+from harness.run.checker import run_check
+from harness.spec.contract import Implementation
+from harness.spec.shapes import SHAPE_SETS
 
 from . import mutants
 from .conftest import DEVICE

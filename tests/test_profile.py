@@ -8,7 +8,8 @@ import sys
 
 import pytest
 
-from harness import profile
+from harness.results import counters
+from harness.run import profile
 from harness.cli import main
 
 HEADER = '"ID","Process ID","Process Name","Host Name","Kernel Name","Context","Stream","Block Size","Grid Size","Device","CC","Section Name","Metric Name","Metric Unit","Metric Value"'
@@ -115,7 +116,7 @@ def test_profile_end_to_end_with_a_stand_in_ncu(fake_ncu, tmp_path):
     profile.profile(report, ns=[262144, 4096], impl="triton")
     saved = json.loads((report / "profile.json").read_text())["points"]
     assert sorted((q["direction"], q["N"]) for q in saved) == [("bwd", 4096), ("bwd", 262144), ("fwd", 4096)]
-    md = "\n".join(profile.markdown(report))
+    md = "\n".join(counters.markdown(report))
     assert "DRAM / model" in md and "| rmsnorm | bwd | 512x262144 | triton | 2 |" in md
 
 

@@ -4,8 +4,8 @@ import textwrap
 import pytest
 
 import harness.registry as registry
-from harness.contract import Implementation, package
-from harness.shapes import SHAPE_SETS, SWEEP_ELEMENTS, parse_shape
+from harness.spec.contract import Implementation, package
+from harness.spec.shapes import SHAPE_SETS, SWEEP_ELEMENTS, parse_shape
 
 
 def test_eager_and_compile_are_registered_for_every_op():
@@ -24,7 +24,7 @@ def test_a_new_folder_registers_itself(tmp_path, monkeypatch):
     (pkg / "__init__.py").write_text(
         textwrap.dedent(
             """
-            from harness.contract import Implementation
+            from harness.spec.contract import Implementation
             IMPLEMENTATIONS = [Implementation(name="my-new-impl", dsl="triton", entry="impls.eager.kernels", devices=("cpu",))]
             """
         )

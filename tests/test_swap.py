@@ -6,11 +6,11 @@ import warnings
 import pytest
 import torch
 
-from harness import autograd
-from harness.models import build_model, transformers_missing
+from harness.integrate import autograd
+from harness.integrate.swap import HF_RMSNORMS, swap_norms
 from harness.registry import get
-from harness.swap import HF_RMSNORMS, swap_norms
-from harness.tolerances import TOLERANCES
+from harness.run.models import build_model, transformers_missing
+from harness.spec.tolerances import TOLERANCES
 
 WHY = transformers_missing()
 needs_transformers = pytest.mark.skipif(WHY is not None, reason=WHY or "")

@@ -19,15 +19,15 @@ if not torch.cuda.is_available():
     # before triton is first imported, not merely before our kernels are.
     os.environ["TRITON_INTERPRET"] = "1"
 
-from harness.checker import compare, poisoned_allocations, run_check  # noqa: E402
-from harness.contract import DTYPES, Implementation, package  # noqa: E402
-from harness.inputs import make_case  # noqa: E402
-from harness.ops import get_op  # noqa: E402
-from harness.shapes import SHAPE_SETS, Shape  # noqa: E402
-from impls.triton import norm_configs as C  # noqa: E402  (imports no triton kernels)
+from harness.run.checker import compare, poisoned_allocations, run_check  # noqa: E402
+from harness.spec.contract import DTYPES, Implementation, package  # noqa: E402
+from harness.spec.inputs import make_case  # noqa: E402
+from harness.spec.ops import get_op  # noqa: E402
+from harness.spec.shapes import SHAPE_SETS, Shape  # noqa: E402
+from impls.triton import configs as C  # noqa: E402  (imports no triton kernels)
 
 IMPL = Implementation(
-    name="triton-test", dsl="triton", entry="impls.triton.norm_kernels", devices=("cpu", "cuda"),
+    name="triton-test", dsl="triton", entry="impls.triton.kernels", devices=("cpu", "cuda"),
     requires=(package("triton"),), interpreter="TRITON_INTERPRET", ops=("rmsnorm", "layernorm", "add_rmsnorm"),
 )  # fmt: skip
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -43,7 +43,7 @@ def _kernels(fwd_cfg, bwd_cfg):
 
 
 def check(kernels, op_name, direction, shape, dtype="bf16", weight_dtype=None, dresidual=True, seed=0):
-    """Check one point of any op against its fp64 reference, as ``harness.checker`` does (poisoned
+    """Check one point of any op against its fp64 reference, as ``harness.run.checker`` does (poisoned
     allocations, its tolerances and tolerance scales), driven by the op's record, with the
     parameters in ``weight_dtype`` (fp32 beside 16-bit x: mixed precision) and dresidual_out
     optional. Returns the failing tensors' reports."""
@@ -137,7 +137,7 @@ def test_exact_n_entries_take_precedence_over_the_bucket(monkeypatch):
     assert C.lookup("GPU X", "rmsnorm", "bwd", 7168) == C.heuristic("bwd", 7168)
 
 
-def test_fused_add_borrows_rmsnorm_configs(monkeypatch):
+def test_fused_add_borrows_the_configs_of_rmsnorm(monkeypatch):
     by_n = {"4096": {"rows": 1, "warps": 8, "programs_per_sm": 2}, "65536": {"rows": 1, "warps": 32, "chunk": 32768}}
     monkeypatch.setattr(C, "_PINNED", {"GPU X": {"rmsnorm_fwd": by_n, "rmsnorm_bwd": by_n}})
     assert C.lookup("GPU X", "add_rmsnorm", "bwd", 4096) == C.lookup("GPU X", "rmsnorm", "bwd", 4096)
@@ -205,7 +205,7 @@ def test_tuning_pins_the_bucket_winner_and_exact_n_only_past_the_noise(tmp_path,
     tables = tune.winners(results)
     assert tables == {"rmsnorm_bwd": {"8192": a.to_json(), "5120": b.to_json(), "4096": c.to_json()},
                       "rmsnorm_fwd": {"1024": a.to_json()}}  # fmt: skip
-    path = tmp_path / "norm_configs.json"
+    path = tmp_path / "configs.json"
     path.write_text(json.dumps({"_doc": "x", "GPU Y": {"rmsnorm_fwd": {"16": {"rows": 4}}},
                                 "GPU X": {"rmsnorm_bwd": {"16": {"rows": 4}}, "layernorm_fwd": {"16": {"rows": 3}}}}))  # fmt: skip
     monkeypatch.setattr(C, "CONFIG_FILE", str(path))
@@ -368,7 +368,7 @@ KNOWN_SPILLS = {
     ("NVIDIA H100 80GB HBM3", "rmsnorm", "bwd", 16384): "whole-row kernel without prefetch (an offline "
     "sm_90a build spills 16-64 B), the fastest of the 9 candidates of `normbench tune` all the same "
     "(2.38 TB/s; the re-read row kernel 2.33 with 16 spilled registers, the spill-free sliced ones "
-    "1.73-2.20: reports/triton/nvidia-h100/tune/)",
+    "1.73-2.20: reports/experiments/triton-tuning/nvidia-h100/tune/)",
     # RMSNorm's re-read configs, borrowed: an offline sm_90a build gives them 8-32 bytes of stack
     **{("NVIDIA H200", "add_rmsnorm", "bwd", n): "re-read row kernel borrowed from RMSNorm, not timed yet"
        for n in (5120, 7168, 8192, 16384)},
@@ -378,9 +378,8 @@ KNOWN_SPILLS = {
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_pinned_configs_compile_without_spills():
-    from impls.triton import norm_kernels as K
-
-    from harness.tuned import capability_of, table_for
+    from harness.spec.tuned import capability_of, table_for
+    from impls.triton import kernels as K
 
     # the configs this GPU runs: its own table, a borrowed one, or the heuristic's (no skip)
     name, cap = torch.cuda.get_device_name(), capability_of(torch.device("cuda"))

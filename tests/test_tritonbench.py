@@ -19,11 +19,10 @@ import torch
 import torch.nn.functional as F
 
 from harness import cli
-from harness.registry import get
-from harness import tritonbench as tbx
-from harness.contract import Implementation
-from harness.registry import all_implementations
-from harness.roofline import bytes_moved
+from harness.tools import tritonbench as tbx
+from harness.registry import all_implementations, get
+from harness.spec.contract import Implementation
+from harness.spec.roofline import bytes_moved
 
 M, H = 8, 64
 
@@ -226,7 +225,7 @@ def test_rms_norm_backend_runs_in_every_mode(layout, mode):
     x = op.example_inputs[1]
     torch.testing.assert_close(y, F.rms_norm(x.detach(), (H,), None, 1e-6))
     if mode != "fwd":
-        assert y.requires_grad  # the backward goes through autograd of harness.autograd.rmsnorm
+        assert y.requires_grad  # the backward goes through autograd of harness.integrate.autograd.rmsnorm
         op.bench_fn("normbench_eager")()
         if layout == "new":
             assert op.example_inputs[2].grad is not None and x.grad is not None
@@ -371,8 +370,8 @@ def test_real_tritonbench_on_gpu(tb_op, tmp_path):
 
 
 def test_operators_come_from_the_op_records_and_take_fp32_parameters():
-    from harness import tritonbench as tbm
-    from harness.ops import OPS
+    from harness.tools import tritonbench as tbm
+    from harness.spec.ops import OPS
 
     # add_rmsnorm has no TritonBench operator to be registered on (README)
     assert tbm.OPERATORS == {"rms_norm": "rmsnorm", "layer_norm": "layernorm"} and OPS["add_rmsnorm"].tritonbench is None

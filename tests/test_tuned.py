@@ -6,12 +6,12 @@ import warnings
 import pytest
 import torch
 
-from harness import tuned
-from harness.bench import config_source
+from harness.spec import tuned
 from harness.registry import get
-from harness.report import _config_section
+from harness.results.report import _config_section
+from harness.run.bench import config_source
 from impls.helion import configs as helion_configs
-from impls.triton import norm_configs as C
+from impls.triton import configs as C
 
 TABLES = ["NVIDIA H200", "Some sm_80 GPU"]
 

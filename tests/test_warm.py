@@ -4,9 +4,9 @@ import json
 import time
 from multiprocessing import get_context
 
-from harness import warm
+from harness.run import warm
 from harness.registry import get
-from harness.shapes import Shape
+from harness.spec.shapes import Shape
 
 
 def _hold(lock_path: str, seconds: float) -> tuple[float, float]:

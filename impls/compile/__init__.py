@@ -1,4 +1,4 @@
-from harness.contract import Implementation
+from harness.spec.contract import Implementation
 
 _COMMON = dict(dsl="compile", entry="impls.compile.kernels:make", devices=("cpu", "cuda"), sources=("impls/compile/kernels.py",), cpu_cost="costly",
                ops=("rmsnorm", "layernorm", "add_rmsnorm"))

@@ -1,6 +1,6 @@
 """CuTe DSL kernels (nvidia-cutlass-dsl), written here; Quack is the external anchor, not a dependency."""
 
-from harness.contract import Implementation, capability, cuda, package
+from harness.spec.contract import Implementation, capability, cuda, package
 
 IMPLEMENTATIONS = [
     Implementation(
@@ -15,6 +15,6 @@ IMPLEMENTATIONS = [
         ops=("rmsnorm", "layernorm", "add_rmsnorm"),
         devices=("cuda",),
         requires=(cuda(), capability(9, 0), package("cutlass"), package("tvm_ffi")),
-        sources=("impls/cute/kernels.py",),
+        sources=("impls/cute/kernels.py", "impls/cute/plan.py"),
     )
 ]

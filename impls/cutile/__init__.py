@@ -1,4 +1,4 @@
-from harness.contract import Implementation, capability, cuda, package
+from harness.spec.contract import Implementation, capability, cuda, package
 
 IMPLEMENTATIONS = [
     Implementation(

@@ -53,15 +53,14 @@ Design decisions:
   arrays with int32 shapes and strides: an x spanning 2^31 elements or more (rows x row
   stride) is refused with a ValueError rather than launched.
 
-Measured on an H100 (bf16 sweep, % of copy bandwidth; reports/nvidia-h100/2026-11-24/cutile/): this
-first version is correct everywhere but slow. Forward 23-77% (the row in one tile still leaves the
-GPU's bandwidth unused with 1-2 rows per tile; N = 2880 runs as a 4096 tile), backward 41-93% up to
-N = 4096 (LayerNorm 41-67%) and 20-45% on the column-sliced rows above it. The tile limits in
-plan.py are first guesses, not tuned; no counters taken yet.
+The tile limits in plan.py are first guesses, not tuned: this first version is correct everywhere
+but well below the copy bandwidth.
 
 Without a GPU: cuTile has no CPU interpreter, but ``tileiras`` compiles without one. The tests
 compile every kernel for sm_90 (``compile_only``: the host code below builds the same launches and
 ``cuda.tile.compilation.export_kernel`` turns each into a cubin) on every row regime and dtype.
+
+Measurements behind these choices: docs/kernels/cutile.md.
 """
 
 from __future__ import annotations
@@ -73,7 +72,7 @@ import math
 import cuda.tile as ct
 import torch
 
-from harness.contract import contract_functions
+from harness.spec.contract import contract_functions
 
 from .plan import Plan, backward_groups, next_pow2, plan
 

@@ -1,4 +1,4 @@
-from harness.contract import Implementation
+from harness.spec.contract import Implementation
 
 IMPLEMENTATIONS = [
     Implementation(

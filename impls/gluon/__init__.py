@@ -1,4 +1,4 @@
-from harness.contract import Implementation, cuda, package
+from harness.spec.contract import Implementation, cuda, package
 
 IMPLEMENTATIONS = [
     Implementation(
@@ -15,7 +15,7 @@ IMPLEMENTATIONS = [
         ops=("rmsnorm", "layernorm", "add_rmsnorm"),
         devices=("cuda",),
         # cuda() first: looking for triton.experimental.gluon imports triton, which on a CPU machine
-        # must wait until Triton's interpreter is switched on (see harness.contract.INTERPRETERS)
+        # must wait until Triton's interpreter is switched on (see harness.spec.interpreters.INTERPRETERS)
         requires=(cuda(), package("triton"), package("triton.experimental.gluon")),
         sources=("impls/gluon/kernels.py", "impls/gluon/plan.py", "impls/gluon/interpret.py"),
     )

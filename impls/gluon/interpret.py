@@ -95,7 +95,7 @@ def layouts_erased():
 def erased_contract():
     """The contract functions, each running its kernels layout-erased (an ``Implementation``
     entry factory, for a CPU-only record built by the tests)."""
-    from harness.contract import FUNCTIONS
+    from harness.spec.contract import FUNCTIONS
 
     from . import kernels
 

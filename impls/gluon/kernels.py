@@ -58,7 +58,7 @@ import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
-from harness.contract import contract_functions
+from harness.spec.contract import contract_functions
 
 from .plan import Plan, Tile, next_pow2, plan, programs_per_sm, tile
 

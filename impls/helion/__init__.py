@@ -1,4 +1,4 @@
-from harness.contract import Implementation, package
+from harness.spec.contract import Implementation, package
 
 IMPLEMENTATIONS = [
     Implementation(
@@ -17,7 +17,7 @@ IMPLEMENTATIONS = [
         # The kernels pick Helion's eager reference mode for CPU tensors themselves; the harness
         # setting HELION_INTERPRET=1 before the import is harmless.
         interpreter="HELION_INTERPRET",
-        sources=("impls/helion/rmsnorm.py", "impls/helion/layernorm.py", "impls/helion/configs.py", "impls/helion/imports.py"),
+        sources=("impls/helion/kernels.py", "impls/helion/configs.py", "impls/helion/imports.py"),
         hooks={"tune": "impls.helion.tune:tune", "codegen": "impls.helion.codegen:codegen", "config_source": "impls.helion.configs:source"},
     )
 ]

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from . import configs, layernorm, rmsnorm
+from . import configs, kernels
 
 
 # add_rmsnorm runs rmsnorm's kernels (with the residual tensors) and rmsnorm's pinned configs
@@ -36,7 +36,6 @@ def example_args(op: str, direction: str, n: int, dtype: str, m: int = 2) -> tup
 def launches(op: str, direction: str, choice: configs.Pinned, args: tuple) -> list:
     """(kernel, config, arguments) for each kernel the contract function runs with ``choice``."""
     family = KERNELS_OF[op]
-    mod = rmsnorm if family == "rmsnorm" else layernorm
     if family == "rmsnorm":
         # the kernels' own argument lists: the residual tensors (None for plain RMSNorm) beside x / dy
         if direction == "fwd":
@@ -45,18 +44,18 @@ def launches(op: str, direction: str, choice: configs.Pinned, args: tuple) -> li
         elif op == "rmsnorm":
             args = (args[0], None, *args[1:])
     if direction == "fwd":
-        return [(getattr(mod, f"{family}_fwd_kernel"), choice.config, args)]
+        return [(getattr(kernels, f"{family}_fwd_kernel"), choice.config, args)]
     if choice.kernel != f"{family}_bwd_split":
-        return [(getattr(mod, choice.kernel), choice.config, args)]
+        return [(getattr(kernels, choice.kernel), choice.config, args)]
     row_stats = args[-1]  # the per-row sums are (M,) fp32, like the statistics
     if family == "rmsnorm":  # the row sums take no dresidual
         return [
-            (mod.rmsnorm_bwd_row_sums, choice.first_pass, (args[0], *args[2:])),
-            (mod.rmsnorm_bwd_split, choice.config, args + (row_stats,)),
+            (kernels.rmsnorm_bwd_row_sums, choice.first_pass, (args[0], *args[2:])),
+            (kernels.rmsnorm_bwd_split, choice.config, args + (row_stats,)),
         ]
     return [
-        (mod.layernorm_bwd_row_sums, choice.first_pass, args),
-        (mod.layernorm_bwd_split, choice.config, args + (row_stats, row_stats)),
+        (kernels.layernorm_bwd_row_sums, choice.first_pass, args),
+        (kernels.layernorm_bwd_split, choice.config, args + (row_stats, row_stats)),
     ]
 
 

@@ -8,7 +8,7 @@ Where the config comes from (``pinned()``):
 
 1. ``configs.json``, written by ``normbench tune --impl helion`` on a GPU machine (``tune.py``;
    a GPU without a table of its own reads that of a tuned GPU of the same compute capability,
-   ``harness.tuned``):
+   ``harness.spec.tuned``):
    GPU name (``torch.cuda.get_device_name``) -> entry point ("rmsnorm_bwd") -> dtype -> N bucket ->
    ``{"kernel": which kernel of the entry point, "config": helion.Config fields}`` (plus
    ``"first_pass"``, the config of the split backward's first kernel). The N bucket of a row length
@@ -17,8 +17,8 @@ Where the config comes from (``pinned()``):
    16-bit dtype (same bytes per element) silently, or else of any tuned dtype, with a warning, at
    the bucket of rows of the same bytes: fp32 rows of N take the bf16 config of 2N, since what a
    config must fit (pipelined loads staged in shared memory, rows held in registers) scales with
-   bytes per row. (The bf16 config of N = 16384 asks 393 KB of shared memory for fp32 rows of 16384
-   on an H200, whose limit is 227 KB.)
+   bytes per row (the bf16 config of N = 16384 asks more shared memory for fp32 rows of 16384 than
+   a Hopper CTA may have).
 2. ``default_config()`` when configs.json has no bucket for the GPU, entry point and N, with a
    warning that says so (once per entry point, GPU, dtype and N). It is derived from N alone:
    whole rows in registers while they fit (forward up to N = 32768, backward up to 16384) with
@@ -34,14 +34,16 @@ Rows per program for few rows (``for_rows()``): the resident backward's ``block_
 per program) is tuned at the sweep's M, tens of thousands of rows. At decode sizes (M <= 128) that
 block leaves all but a handful of SMs idle while each program walks its rows one step at a time, so
 when the tuned block gives fewer programs than SMs it is shrunk to about M / SMs rows (a power of
-two, at least one step of rows), so that every SM gets a program where M allows. One more compile
-per distinct block; on the H200, RMSNorm at M = 128, N = 4096: 51.8 -> 8.7 us. The tuner turns
-this off (``FEW_ROWS_RULE``): it checks each candidate on a few rows with exactly the binary that
-it then times on the full M, where the rule would not act anyway.
+two, at least one step of rows), so that every SM gets a program where M allows, at the cost of
+one more compile per distinct block. The tuner turns this off (``FEW_ROWS_RULE``): it checks each
+candidate on a few rows with exactly the binary that it then times on the full M, where the rule
+would not act anyway.
 
 On the CPU nothing is compiled: ``launch()`` runs the same kernel code in Helion's eager reference
 mode (what HELION_INTERPRET=1 selects; here it is chosen by the tensors' device, so it does not
 matter what the environment said when this package was imported), and configs play no part.
+
+Measurements behind these choices: docs/kernels/helion.md.
 """
 
 from __future__ import annotations
@@ -53,7 +55,7 @@ from pathlib import Path
 
 import torch
 
-from harness.tuned import capability_of, table_for
+from harness.spec.tuned import capability_of, table_for
 
 from .imports import Config, Kernel, RefMode
 from .imports import kernel as helion_kernel
@@ -153,7 +155,7 @@ def bucket(n: int, tuned: list[int]) -> int | None:
 
 def pinned(entry: str, n: int, dtype: str, gpu: str, capability=None) -> Pinned:
     """The config ``entry`` (e.g. "rmsnorm_bwd") runs with for rows of length n on ``gpu``: from the
-    table ``harness.tuned`` picks (this GPU's, else one of a GPU of the same compute capability),
+    table ``harness.spec.tuned`` picks (this GPU's, else one of a GPU of the same compute capability),
     else the default."""
     table_gpu, how = table_for(gpu, table(), capability)
     by_dtype = table().get(table_gpu, {}).get(entry, {}) if table_gpu else {}
@@ -208,12 +210,10 @@ def fused_pinned(entry: str, n: int, dtype: str, gpu: str, capability, rows: flo
     """The config of a kernel staging ``rows`` times the row tensors ``entry`` was tuned with: the
     fused add's backward stages dresidual_out beside dy and residual_out (1.5). Where RMSNorm's
     config at N keeps whole rows resident and N > FUSED_OWN_CONFIG_MAX_N, it takes the config of
-    rows 1.5x as long instead (as fp32 takes that of rows twice as long). Measured on an H100 (bf16
-    sweep, % of copy bandwidth, RMSNorm's config at N -> that of 1.5 N): N = 5120 59 -> 75, 7168
-    82 -> 86, 8192 92 -> 90, and at 16384 RMSNorm's own asked 262 KB of shared memory (the limit is
-    227 KB) and did not launch, 1.5 N's ran at 63; but N = 1024-2880 fell from 82-87 to 40-65, and
-    the column-split kernel of N = 262144 from 65 to 53 (reports/nvidia-h100/2026-11-24/
-    add_rmsnorm-weights/ and add_rmsnorm-weights-fixed/)."""
+    rows 1.5x as long instead (as fp32 takes that of rows twice as long). There the longer rows'
+    config won or held even, and at the widest resident N RMSNorm's own config asks more shared
+    memory than a CTA may have; on short rows and on the column-split kernel it lost, so those keep
+    RMSNorm's own config."""
     own = pinned(entry, n, dtype, gpu, capability)
     if rows == 1.0 or n <= FUSED_OWN_CONFIG_MAX_N or not own.kernel.endswith("_bwd_resident"):
         return own

@@ -4,7 +4,7 @@ Not Helion's autotuner, which compiles hundreds of configs per shape (minutes ea
 the given shapes and both directions, ``candidates()`` derives at most MAX_CANDIDATES configs from N,
 M and the SM count. Each one is
 
-1. checked by ``harness.checker.run_check`` on a few rows of the same N (fp64 reference, the
+1. checked by ``harness.run.checker.run_check`` on a few rows of the same N (fp64 reference, the
    project's tolerances), which also compiles it; a candidate that fails is logged and dropped;
 2. timed on the full shape with ``triton.testing.do_bench`` (median), through the very
    ``launch()`` path the contract functions use, including the partial-row sums of the backward.
@@ -51,8 +51,8 @@ def candidates(entry: str, m: int, n: int, sms: int) -> list[Pinned]:
     op, direction = entry.split("_")
     width = 1 << max(0, n - 1).bit_length()
     # The fallback is always a candidate, first (never cut by MAX_CANDIDATES): a tuned entry must
-    # beat what a GPU without a table runs. Without it the H100's table lost to the fallback at
-    # RMSNorm bwd, N = 16384 (73 vs 81% of copy bandwidth: 64 rows x 16 warps was not a candidate).
+    # beat what a GPU without a table runs. Without it a tuned table once lost to the fallback (its
+    # 64 rows x 16 warps was not a candidate).
     fallback = configs.default_config(entry, n)
     out: list[Pinned] = [Pinned(fallback.kernel, fallback.config, "candidate", fallback.first_pass)]
 
@@ -126,9 +126,9 @@ def _small_rows(m: int) -> int:
 
 
 def _full_inputs(op: str, direction: str, m: int, n: int, dtype: str):
-    from harness.contract import DTYPES
-    from harness.inputs import make_case
-    from harness.shapes import Shape
+    from harness.spec.contract import DTYPES
+    from harness.spec.inputs import make_case
+    from harness.spec.shapes import Shape
 
     case = make_case(op, Shape((m, n)), DTYPES[dtype], "cuda")
     x, w, b, eps = case["x"], case["weight"], case["bias"], case["eps"]
@@ -153,8 +153,8 @@ def _tune_job(job: dict) -> dict:
     import triton
 
     from harness import get
-    from harness.checker import run_check
-    from harness.shapes import Shape
+    from harness.run.checker import run_check
+    from harness.spec.shapes import Shape
 
     from . import kernels
 
@@ -201,9 +201,9 @@ def _tune_job(job: dict) -> dict:
 def tune(
     op: str, shapes, dtype: str, log_dir: Path, workers: int | None = None, directions=("bwd", "fwd")
 ) -> dict:
-    """Tune ``op`` for every N in ``shapes`` (harness.shapes.Shape, their M is the M timed) in
+    """Tune ``op`` for every N in ``shapes`` (harness.spec.shapes.Shape, their M is the M timed) in
     ``dtype`` on this GPU; update configs.json; write the log to ``log_dir``. add_rmsnorm has
-    nothing of its own to tune: it runs rmsnorm's kernels with rmsnorm's configs (see rmsnorm.py)."""
+    nothing of its own to tune: it runs rmsnorm's kernels with rmsnorm's configs (see kernels.py)."""
     if op not in ("rmsnorm", "layernorm"):
         print(f"helion: {op} runs the configs of rmsnorm at the same N; tune rmsnorm for it")
         return {"op": op, "dtype": dtype, "jobs": []}

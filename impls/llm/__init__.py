@@ -1,5 +1,5 @@
 """LLM-generated kernels: every sample folder under ``impls/llm/`` registers itself (see ``samples``
-for the folder format, ``harness.generate`` for how samples are made and fixed).
+for the folder format, ``impls.llm.generate`` for how samples are made and fixed).
 
 Per sample, one record per variant:
 
@@ -17,7 +17,7 @@ from __future__ import annotations
 import warnings
 from pathlib import Path
 
-from harness.contract import DTYPES, Implementation, capability, cuda, package
+from harness.spec.contract import DTYPES, Implementation, capability, cuda, package
 
 from .samples import SAMPLES_ROOT, Sample, read_sample, repo_relative, sample_folders
 
@@ -38,6 +38,8 @@ DSL_TITLE = {"triton": "Triton", "helion": "Helion", "cute": "CuTe DSL", "gluon"
 OP_TITLE = {"rmsnorm": "RMSNorm", "layernorm": "LayerNorm", "add_rmsnorm": "fused add + RMSNorm"}
 
 SAMPLE_ERRORS: dict[str, str] = {}  # sample folder -> why it was not registered
+# what the registry shows next to packages that failed to import (`normbench list`)
+DISCOVERY_ERRORS: dict[str, str] = {}
 
 
 def records_for(folder: Path | str) -> list[Implementation]:
@@ -65,10 +67,7 @@ def _record(sample: Sample, variant: str, plain_name: bool) -> Implementation:
     return Implementation(
         name=name,
         dsl=f"llm-{sample.dsl}",
-        # One entry module per DSL, not one shared loader: the harness decides "was this imported
-        # before its interpreter was switched on?" by whether the entry module is in sys.modules,
-        # and loading an llm-helion sample must not make the llm-triton ones look imported.
-        entry=f"impls.llm.load_{sample.dsl}:load",
+        entry="impls.llm.samples:load_module",
         options={"sample": str(sample.folder), "variant": variant},
         description=f"{what}, {state}",
         ops=(sample.op,),
@@ -112,12 +111,7 @@ def discover(root: Path | str = SAMPLES_ROOT) -> list[Implementation]:
 
 def _report_discovery_error(folder: Path, why: str):
     warnings.warn(f"impls/llm/{folder.name} is not registered: {why}", stacklevel=3)
-    try:  # shown by `normbench list` next to packages that failed to import
-        from harness.registry import DISCOVERY_ERRORS
-
-        DISCOVERY_ERRORS[f"impls.llm/{folder.name}"] = why
-    except ImportError:
-        pass
+    DISCOVERY_ERRORS[f"impls.llm/{folder.name}"] = why
 
 
 IMPLEMENTATIONS = discover()

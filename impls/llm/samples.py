@@ -12,7 +12,7 @@ A sample is a folder ``impls/llm/<sample_id>/``::
 
 Two variants of a sample can be loaded: "first-shot" (raw.py as it is) and "after-fix" (raw.py with
 every patch of ``metadata["fixes"]`` applied, in order). Nothing here imports a DSL; the code itself
-is imported only by ``load_module``, which the per-DSL entry modules (``load_triton`` ...) call.
+is imported only by ``load_module``, every sample record's entry point.
 """
 
 from __future__ import annotations
@@ -215,9 +215,10 @@ def module_name(sample: Sample, variant: str) -> str:
     return f"normbench_llm__{ident}__{variant.replace('-', '_')}"
 
 
-def load_module(sample_dir: str, variant: str):
-    """Import one variant of a sample as a fresh module; GeneratedCodeError if the code raises."""
-    sample = read_sample(sample_dir)
+def load_module(sample: str, variant: str):
+    """Import one variant of the sample in folder ``sample`` as a fresh module; GeneratedCodeError
+    if the code raises."""
+    sample = read_sample(sample)
     path = materialize(sample, variant)
     name = module_name(sample, variant)
     spec = importlib.util.spec_from_file_location(name, path)

@@ -1,10 +1,10 @@
-from harness.contract import Implementation, package
+from harness.spec.contract import Implementation, package
 
 IMPLEMENTATIONS = [
     Implementation(
         name="triton",
         dsl="triton",
-        entry="impls.triton.norm_kernels",
+        entry="impls.triton.kernels",
         description=(
             "Hand-written Triton: one-pass forward, persistent backward with per-program fp32 "
             "dweight/dbias partials; the fused residual add + RMSNorm is the same kernels behind "
@@ -14,7 +14,7 @@ IMPLEMENTATIONS = [
         devices=("cpu", "cuda"),
         requires=(package("triton"),),
         interpreter="TRITON_INTERPRET",
-        sources=("impls/triton/norm_kernels.py", "impls/triton/norm_configs.py", "impls/triton/norm_configs.json"),
-        hooks={"tune": "impls.triton.tune:tune", "config_source": "impls.triton.norm_configs:source"},
+        sources=("impls/triton/kernels.py", "impls/triton/configs.py", "impls/triton/configs.json"),
+        hooks={"tune": "impls.triton.tune:tune", "config_source": "impls.triton.configs:source"},
     )
 ]

@@ -5,7 +5,7 @@
 
 Triton compiles through ptxas (shipped with it) with no driver, so registers, stack (spills) and
 how many programs of a config fit on an SM can be read on any machine: one line per op, direction
-and N (default: the sweep's), with the config ``norm_configs.lookup`` gives that GPU. The kernels
+and N (default: the sweep's), with the config ``configs.lookup`` gives that GPU. The kernels
 are specialised as a launch on the sweep shapes would be (pointers, N and row strides divisible
 by 16, bf16 rows); wanted = the programs per SM a persistent grid launches. A guide for choosing
 configs, not a measurement: time them on the GPU.
@@ -27,8 +27,8 @@ import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
-from . import norm_configs as C  # noqa: E402
-from . import norm_kernels as K  # noqa: E402
+from . import configs as C  # noqa: E402
+from . import kernels as K  # noqa: E402
 
 TARGET = GPUTarget("cuda", 90, 32)
 REGISTERS_PER_SM = 65536
@@ -88,14 +88,14 @@ def build_config(op: str, direction: str, n: int, cfg: C.Config, x_dtype="bf16",
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--gpu", default="NVIDIA H200", help="whose pinned configs (norm_configs.json) to build")
+    p.add_argument("--gpu", default="NVIDIA H200", help="whose pinned configs (configs.json) to build")
     p.add_argument("--ops", default=",".join(FLAGS))
     p.add_argument("--direction", default="fwd,bwd")
     p.add_argument("--config", help="a Config as JSON, instead of the GPU's")
     p.add_argument("--weight-dtype", default="bf16", choices=("bf16", "fp32"))
     p.add_argument("n", nargs="*", type=int, help="row lengths (default: the sweep's)")
     a = p.parse_args(argv)
-    from harness.shapes import SWEEP_N
+    from harness.spec.shapes import SWEEP_N
 
     for n in a.n or SWEEP_N:
         for direction in a.direction.split(","):

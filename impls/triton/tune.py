@@ -1,8 +1,8 @@
-"""``normbench tune --impl triton``: every ``norm_configs.candidates()`` config timed per op,
-direction and N, the winners pinned in ``norm_configs.json`` under this GPU's name.
+"""``normbench tune --impl triton``: every ``configs.candidates()`` config timed per op,
+direction and N, the winners pinned in ``configs.json`` under this GPU's name.
 
 Each (op, direction, N) is one job in a worker process. A job first runs each candidate through
-``harness.checker.run_check`` on 64 rows of the same N (the fp64 reference and the project's
+``harness.run.checker.run_check`` on 64 rows of the same N (the fp64 reference and the project's
 tolerances; M is not specialized, so this compiles exactly the binary the full shape runs) and
 drops a candidate that fails; then, holding a lock that keeps every other job off the GPU, it times
 the passing ones on the full shape with ``triton.testing.do_bench`` (median). Compiling dominates
@@ -29,7 +29,7 @@ from types import SimpleNamespace
 
 import torch
 
-from . import norm_configs as C
+from . import configs as C
 
 EXACT_N_MARGIN = 0.015
 CHECK_ROWS = 64
@@ -39,12 +39,15 @@ ELEMENT_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
 def pinned_kernels(impl, fwd_cfg: C.Config | None, bwd_cfg: C.Config | None):
     """The contract functions with explicit configs, behind the harness's own input handling
     (validation, reshaping, M = 0): what ``run_check(kernels=...)`` takes."""
-    from harness.contract import _checked
+    from harness.spec.contract import split_function
+    from harness.spec.ops import get_op
+    from harness.spec.validation import checked
 
-    from . import norm_kernels as K
+    from . import kernels as K
 
     fns = K.contract(fwd_cfg, bwd_cfg)
-    return SimpleNamespace(**{name: _checked(impl, name, fn) for name, fn in vars(fns).items()})
+    return SimpleNamespace(**{name: checked(impl, get_op(split_function(name)[0]), split_function(name)[1], fn)
+                              for name, fn in vars(fns).items()})  # fmt: skip
 
 
 # ---------------------------------------------------------------- one job per (op, direction, N)
@@ -65,11 +68,11 @@ def _run_job(job: dict) -> dict:
 
 def _full_run(op: str, direction: str, m: int, n: int, dtype: str):
     """launch(config) on the full (M, N) shape, with the inputs the benchmark draws."""
-    from harness.contract import DTYPES
-    from harness.inputs import make_case
-    from harness.shapes import Shape
+    from harness.spec.contract import DTYPES
+    from harness.spec.inputs import make_case
+    from harness.spec.shapes import Shape
 
-    from . import norm_kernels as K
+    from . import kernels as K
 
     values = make_case(op, Shape((m, n)), DTYPES[dtype], "cuda")
     layernorm = op == "layernorm"
@@ -85,9 +88,9 @@ def _full_run(op: str, direction: str, m: int, n: int, dtype: str):
 def _tune_job(job: dict) -> dict:
     import triton.testing
 
-    from harness.checker import run_check
     from harness.registry import get
-    from harness.shapes import Shape
+    from harness.run.checker import run_check
+    from harness.spec.shapes import Shape
 
     op, direction, m, n, dtype = job["op"], job["direction"], job["m"], job["n"], job["dtype"]
     impl = get("triton")
@@ -156,7 +159,7 @@ def winners(results: list[dict]) -> dict:
 
 
 def pin(gpu: str, tables: dict) -> None:
-    """Merge ``tables`` into norm_configs.json under ``gpu`` (one line per entry)."""
+    """Merge ``tables`` into configs.json under ``gpu`` (one line per entry)."""
     with open(C.CONFIG_FILE) as f:
         data = json.load(f)
     data.setdefault(gpu, {}).update(tables)
@@ -186,8 +189,8 @@ def pin(gpu: str, tables: dict) -> None:
 # ---------------------------------------------------------------- the hook
 def tune(op: str, shapes, dtype: str, log_dir=None, workers: int | None = None) -> dict:
     """Tune ``op`` on every N of ``shapes`` (their M is the M timed) in ``dtype`` on this GPU; pin
-    the winners in norm_configs.json; write the log to ``log_dir``."""
-    from harness.ops import get_op
+    the winners in configs.json; write the log to ``log_dir``."""
+    from harness.spec.ops import get_op
 
     if not torch.cuda.is_available():
         raise RuntimeError("triton tuning needs a CUDA GPU")

@@ -1,0 +1,358 @@
+"""Every implementation's contract functions as PyTorch custom ops, with their autograd formulas.
+
+    torch.ops.normbench.<impl>_<function>     e.g. normbench::triton_rmsnorm_fwd,
+                                                    normbench::compile_max_autotune_layernorm_bwd
+
+Why custom ops: torch.compile treats a custom op as one opaque node. Dynamo never traces into the
+kernels' Python (Triton's interpreter, Helion's kernels, CuTe DSL's compiler, an inner torch.compile),
+so a model holding our norms compiles with ``fullgraph=True``, and whatever fails inside a DSL stays
+inside that DSL's call. The compiled graph holds ``normbench::<impl>_...`` nodes, and Inductor calls
+them as they are (a fallback kernel): a compiled model keeps running the chosen implementation's
+kernels, through the same validated contract functions that ``normbench check`` tests.
+
+Schemas, fake (meta) functions and autograd formulas are derived from the op records
+(``harness.spec.ops``), not written per op: a ``rows`` tensor is (..., N) in x's dtype, a ``stat`` is
+(...,) fp32, a ``param`` is (N,) in the weight's dtype.
+
+Outputs a custom op cannot return: ``None`` (dweight without a weight) becomes an empty (0,)
+placeholder that the autograd formula drops; a returned tensor sharing storage with an input or an
+earlier output (not allowed for an op) is cloned, a no-op check otherwise. dweight / dbias leave the
+op in the weight's dtype (x's when there is no weight): the fake function promises exactly that.
+
+Autograd: the forward op's formula calls the backward op. Its statistics outputs are not
+differentiable. Gradients of unused outputs are not materialised: ``dresidual_out`` reaches
+add_rmsnorm's backward as None when residual_out was not used. The backward ops have no derivative:
+the contract's backward treats the statistics as constants, so a second derivative through them
+would be wrong. ``torch.autograd.grad(..., create_graph=True)`` still works; differentiating its result
+raises ``NotImplementedError`` instead of returning a wrong number.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+import torch
+
+from harness.spec.contract import Implementation
+from harness.spec.ops import OPS, Arg, Op
+from harness.spec.validation import check_eps, check_like_x, check_stats, check_vector, check_x
+
+NAMESPACE = "normbench"
+_SCHEMA_TYPE = {"rows": "Tensor", "stat": "Tensor", "param": "Tensor?", "scalar": "float"}
+
+
+def _schema(args: tuple[Arg, ...], outputs: tuple[Arg, ...]) -> str:
+    ins = ", ".join(f"{_SCHEMA_TYPE[a.kind]}{'?' if a.optional and a.kind == 'rows' else ''} {a.name}" for a in args)
+    return f"({ins}) -> ({', '.join('Tensor' for _ in outputs)})"
+
+
+def _identifier(name: str) -> str:
+    ident = re.sub(r"\W", "_", name)
+    return ident if ident[:1].isalpha() else f"i_{ident}"
+
+
+# ---------------------------------------------------------------- output metadata (fake and real)
+@dataclass(frozen=True)
+class _Signature:
+    """One contract function's arguments and outputs, with the positions a call needs (computed once)."""
+
+    args: tuple[Arg, ...]
+    outputs: tuple[Arg, ...]
+
+    @property
+    def ref(self) -> int:  # the first row tensor (x, dy): never None, it fixes shape and dtype
+        return next(i for i, a in enumerate(self.args) if a.kind == "rows")
+
+    @property
+    def weight(self) -> int | None:
+        return next((i for i, a in enumerate(self.args) if a.name == "weight"), None)
+
+    @property
+    def grad_of_param(self) -> tuple[int | None, ...]:
+        """Per output: the argument position of the parameter it is the gradient of (dweight)."""
+        pos = {a.name: i for i, a in enumerate(self.args)}
+        return tuple(pos.get(o.name[1:]) if o.kind == "param" else None for o in self.outputs)
+
+
+def _metadata(sig: _Signature):
+    ref_i, w_i, grad_of = sig.ref, sig.weight, sig.grad_of_param
+    kinds = tuple(o.kind for o in sig.outputs)
+
+    def meta(values) -> list[tuple[tuple, torch.dtype]]:
+        """(shape, dtype) of every output, given the op's arguments (real or fake tensors)."""
+        ref = values[ref_i]
+        weight = values[w_i] if w_i is not None else None
+        param_dtype = weight.dtype if weight is not None else ref.dtype
+        out = []
+        for kind, p in zip(kinds, grad_of):
+            if kind == "rows":
+                out.append((tuple(ref.shape), ref.dtype))
+            elif kind == "stat":
+                out.append((tuple(ref.shape[:-1]), torch.float32))
+            elif p is not None and values[p] is None:
+                out.append(((0,), ref.dtype))  # the placeholder for a gradient of an absent parameter
+            else:
+                out.append(((ref.shape[-1],), param_dtype))
+        return out
+
+    return meta
+
+
+def _validate(impl: Implementation, sig: _Signature, values):
+    """The contract's argument checks, run on fake tensors too: under torch.compile a bad argument
+    is the same clear ValueError / TypeError as in eager."""
+    ref = values[sig.ref]
+    m, n = check_x(ref, impl, sig.args[sig.ref].name)
+    for a, v in zip(sig.args, values):
+        if a.kind == "rows" and v is not None and v is not ref:
+            check_like_x(v, ref, a.name)
+        elif a.kind == "param":
+            check_vector(v, n, ref, a.name)
+        elif a.kind == "stat":
+            check_stats(v, m, ref, a.name)
+        elif a.kind == "scalar":
+            check_eps(v)
+
+
+def _fake(impl: Implementation, sig: _Signature):
+    meta = _metadata(sig)
+
+    def fake(*values):
+        _validate(impl, sig, values)
+        ref = values[sig.ref]
+        return tuple(ref.new_empty(shape, dtype=dtype) for shape, dtype in meta(values))
+
+    return fake
+
+
+def _storage(t: torch.Tensor):
+    return t.untyped_storage().data_ptr() if t.numel() else None
+
+
+def _real(impl: Implementation, fn_name: str, sig: _Signature, op: bool):
+    """The validated contract function on the arguments' device, its outputs checked against what the
+    op promises (a TypeError naming the implementation otherwise). For the custom op (``op``) they
+    are also made what an op may return: the placeholder for a gradient of an absent parameter, and
+    a copy of a tensor sharing storage with an input or an earlier output. The eager twin keeps None
+    and aliases, which autograd.Function takes, and spares itself the storage look-ups."""
+    meta, ref_i, outputs = _metadata(sig), sig.ref, sig.outputs
+    functions = {}  # torch.device -> the validated contract function
+
+    def run(*values):
+        ref = values[ref_i]
+        fn = functions.get(ref.device)
+        if fn is None:
+            fn = functions[ref.device] = getattr(impl.kernels(ref.device.type), fn_name)
+        out = fn(*values)
+        seen = {_storage(v) for v in values if isinstance(v, torch.Tensor)} if op else None
+        fixed = []
+        for o, t, (shape, dtype) in zip(outputs, out, meta(values)):
+            if t is None and shape == (0,):
+                fixed.append(ref.new_empty(shape, dtype=dtype) if op else None)
+                continue
+            if o.kind == "param" and isinstance(t, torch.Tensor) and t.dtype != dtype:
+                t = t.to(dtype)  # dbias in x's dtype beside an fp32 weight: the weight's dtype here
+            if not isinstance(t, torch.Tensor) or tuple(t.shape) != shape or t.dtype != dtype:
+                got = f"{tuple(t.shape)} {t.dtype}" if isinstance(t, torch.Tensor) else type(t).__name__
+                raise TypeError(
+                    f"implementation '{impl.name}': {fn_name} returned {o.name} as {got}, expected {shape} {dtype}"
+                )
+            if op:
+                ptr = _storage(t)
+                if ptr is not None and ptr in seen:
+                    t = t.clone()
+                seen.add(ptr)
+            fixed.append(t)
+        return tuple(fixed)
+
+    return run
+
+
+# ---------------------------------------------------------------- autograd formulas
+def _grad_of(arg: Arg, fwd_outputs: tuple[Arg, ...]) -> str | None:
+    """The forward output whose gradient this backward argument is ('dy' -> 'y'), if any."""
+    name = arg.name[1:] if arg.name.startswith("d") else None
+    return name if name in {o.name for o in fwd_outputs} else None
+
+
+def _autograd(op: Op, bwd):
+    fwd_out = [a.name for a in op.fwd_outputs]
+    saved_names = [a.name for a in op.bwd_args if _grad_of(a, op.fwd_outputs) is None]
+    # what the forward saves, as positions in (*inputs, *outputs)
+    fwd_names = [a.name for a in op.fwd_args] + fwd_out
+    saved_at = [fwd_names.index(n) for n in saved_names]
+    # where each backward argument comes from: (True, saved index) or (False, forward output index),
+    # and whether a gradient that was not materialised must be zeros (not optional)
+    plan = [
+        (True, saved_names.index(a.name), False)
+        if _grad_of(a, op.fwd_outputs) is None
+        else (False, fwd_out.index(_grad_of(a, op.fwd_outputs)), not a.optional)
+        for a in op.bwd_args
+    ]
+    # a row tensor among the saved ones: the shape of a gradient that was not materialised
+    saved_rows = next(saved_names.index(a.name) for a in op.bwd_args if a.name in saved_names and a.kind == "rows")
+    bwd_out = [a.name for a in op.bwd_outputs]
+    # per forward input: which backward output is its gradient (dx; add_rmsnorm's dh is both x's and
+    # residual's), or None (eps); and for a parameter, its place among the parameters, whose dtypes
+    # the gradients come back in
+    params = [i for i, a in enumerate(op.fwd_args) if a.kind == "param"]
+    grads_plan = [
+        (
+            None if a.kind == "scalar" else bwd_out.index(f"d{a.name}") if f"d{a.name}" in bwd_out else 0,
+            params.index(i) if i in params else None,
+        )
+        for i, a in enumerate(op.fwd_args)
+    ]
+    stat_index = [fwd_out.index(n) for n in op.stats]
+
+    def setup_context(ctx, inputs, output):
+        both = (*inputs, *output)
+        ctx.save_for_backward(*[both[i] for i in saved_at])
+        ctx.mark_non_differentiable(*[output[i] for i in stat_index])
+        ctx.set_materialize_grads(False)
+        ctx.param_dtypes = [None if inputs[i] is None else inputs[i].dtype for i in params]
+
+    def backward(ctx, *grads):
+        saved = ctx.saved_tensors
+        values = []
+        for from_saved, i, zeros in plan:
+            t = saved[i] if from_saved else grads[i]
+            if t is None and zeros:  # only the other outputs were used
+                t = torch.zeros_like(saved[saved_rows])
+            values.append(t)
+        result = bwd(*values)
+        grads_in = []
+        for needed, (i, param) in zip(ctx.needs_input_grad, grads_plan):
+            if not needed or i is None:
+                grads_in.append(None)
+                continue
+            g = result[i]
+            if param is not None and g.dtype != ctx.param_dtypes[param]:
+                g = g.to(ctx.param_dtypes[param])
+            grads_in.append(g)
+        return tuple(grads_in)
+
+    return backward, setup_context
+
+
+def _no_double_backward(op_name: str):
+    def backward(ctx, *grads):
+        raise NotImplementedError(
+            f"double backward through {op_name} is not supported: its backward treats the "
+            "statistics (mean, rstd) as constants, so a second derivative would be wrong. Use "
+            "torch.nn.functional.rms_norm / layer_norm where second derivatives are needed."
+        )
+
+    return backward, lambda ctx, inputs, output: None
+
+
+# ---------------------------------------------------------------- registration
+@dataclass(frozen=True)
+class NormOps:
+    """One implementation's registered ops, by contract function: ``ops.rmsnorm_fwd`` (an OpOverload)."""
+
+    impl: Implementation
+    prefix: str  # normbench::<prefix>_<function>
+    functions: dict = field(default_factory=dict, hash=False, compare=False)
+    # forward function -> the same computation as an autograd.Function, for eager calls (see _eager)
+    eager: dict = field(default_factory=dict, hash=False, compare=False)
+
+    def __getattr__(self, name):
+        functions = self.__dict__.get("functions", {})
+        if name in functions:
+            return functions[name]
+        raise AttributeError(f"{type(self).__name__} has no attribute {name!r}")
+
+    def forward(self, op: str):
+        """The callable for ``op``'s differentiable forward: the custom op while torch.compile traces,
+        the eager twin (same kernels, same validation, same autograd formula) otherwise."""
+        if torch.compiler.is_compiling():
+            return self.function(f"{op}_fwd")
+        self.function(f"{op}_fwd")  # the same ValueError for an op it does not provide
+        return self.eager[f"{op}_fwd"]
+
+    def function(self, fn_name: str):
+        if fn_name not in self.functions:
+            op, provided = fn_name.rpartition("_")[0], ", ".join(self.impl.ops)
+            raise ValueError(f"implementation '{self.impl.name}' does not provide {op} (it provides {provided})")
+        return self.functions[fn_name]
+
+
+_REGISTERED: dict[Implementation, NormOps] = {}
+_BY_NAME: dict[str, NormOps] = {}  # the first record registered under each name
+_PREFIXES: set[str] = set()
+
+
+def registered(name: str) -> NormOps | None:
+    """The ops already registered for the implementation called ``name``, if any."""
+    return _BY_NAME.get(name)
+
+
+def _define(impl: Implementation, qualname: str, fn_name: str, args, outputs):
+    """The custom op, and the same validated function for the eager twin."""
+    sig = _Signature(args, outputs)
+    opdef = torch.library.custom_op(
+        f"{NAMESPACE}::{qualname}", _real(impl, fn_name, sig, op=True), mutates_args=(), schema=_schema(args, outputs)
+    )
+    opdef.register_fake(_fake(impl, sig))
+    return opdef, _real(impl, fn_name, sig, op=False)
+
+
+def _eager(op: Op, fwd_run, bwd_run, bwd_overload):
+    """``op``'s forward as a torch.autograd.Function around the functions the custom ops wrap.
+
+    Why a twin: a Python custom op pays its dispatch (autograd wrapper, redispatch, the dynamo guard
+    around its body) on every call. Measured on an H100 at 4 x 4096 (bf16), a forward and backward
+    through the custom ops cost 757-1594 us of host time against 160 us for
+    torch.nn.functional.rms_norm (``reports/experiments/overhead/before-eager_twin/overhead-4x4096-bf16.json``), which
+    made every small model slower with a faster kernel. Outside torch.compile nothing needs the op to
+    be opaque, so eager calls take this twin; compiled code still sees the custom ops. A backward run
+    with create_graph=True goes through the backward custom op, whose registered autograd raises the
+    double-backward error."""
+
+    def bwd(*values):
+        return (bwd_overload if torch.is_grad_enabled() else bwd_run)(*values)
+
+    differentiate, setup_context = _autograd(op, bwd)
+
+    def run_forward(ctx, *inputs):
+        out = fwd_run(*inputs)
+        setup_context(ctx, inputs, out)
+        return out
+
+    class Eager(torch.autograd.Function):
+        # the closures themselves, not methods calling them: one Python frame less per call
+        forward = staticmethod(run_forward)
+        backward = staticmethod(differentiate)
+
+    Eager.__name__ = Eager.__qualname__ = f"{op.name}_eager"
+    return Eager.apply
+
+
+def ops_for(impl: Implementation) -> NormOps:
+    """The custom ops of ``impl`` (registered on first use; importing the kernels waits for a call)."""
+    if impl in _REGISTERED:
+        return _REGISTERED[impl]
+    base = _identifier(impl.name)
+    prefix, i = base, 1
+    while prefix in _PREFIXES:  # two records with one sanitised name ('a-b', 'a_b', a test's copy)
+        i += 1
+        prefix = f"{base}_{i}"
+    _PREFIXES.add(prefix)
+    found, eager = {}, {}
+    for name in impl.ops:
+        op = OPS[name]
+        fwd, fwd_run = _define(impl, f"{prefix}_{name}_fwd", f"{name}_fwd", op.fwd_args, op.fwd_outputs)
+        bwd, bwd_run = _define(impl, f"{prefix}_{name}_bwd", f"{name}_bwd", op.bwd_args, op.bwd_outputs)
+        bwd_overload = getattr(getattr(torch.ops, NAMESPACE), f"{prefix}_{name}_bwd").default
+        backward, setup = _no_double_backward(f"{NAMESPACE}::{prefix}_{name}")
+        bwd.register_autograd(backward, setup_context=setup)
+        backward, setup = _autograd(op, bwd_overload)
+        fwd.register_autograd(backward, setup_context=setup)
+        found[f"{name}_fwd"] = getattr(getattr(torch.ops, NAMESPACE), f"{prefix}_{name}_fwd").default
+        found[f"{name}_bwd"] = bwd_overload
+        eager[f"{name}_fwd"] = _eager(op, fwd_run, bwd_run, bwd_overload)
+    _REGISTERED[impl] = NormOps(impl, prefix, found, eager)
+    _BY_NAME.setdefault(impl.name, _REGISTERED[impl])
+    return _REGISTERED[impl]

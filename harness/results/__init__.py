@@ -1,0 +1,2 @@
+"""What runs leave behind and how it is read: the results store, ranking, reports, plots and the
+generated leaderboard."""

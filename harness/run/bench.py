@@ -1,0 +1,252 @@
+"""`normbench bench`: every implementation x op x direction x shape x dtype, checked, then timed
+against the copy-bandwidth roofline measured in the same run.
+
+Method (also in the README):
+* correctness first: the point's fwd and/or bwd are checked against fp64 (harness.run.checker); a point
+  that fails is recorded as failed, never timed, never ranked;
+* the first call (JIT compilation, autotuning, dynamo tracing) is timed separately as ``compile_s``;
+* timing with CUDA events through ``triton.testing.do_bench``, which flushes the L2 (writes a 256 MB
+  buffer) before every repetition; 3 independent trials, each a median over its repetitions; the
+  point's time is the median of all repetitions, with p95 and the spread of the trial medians
+  ((max - min) / min), flagged noisy above 5%;
+* decode shapes (launch-bound) are timed as CUDA-graph replays of 20 calls (L2 not flushed: their
+  inputs are under 2 MB and stay cache-resident, as they do in a real decode step);
+* results are appended to ``results.jsonl`` as they come, so an interrupted run keeps what it measured
+  and ``--resume`` skips points already there.
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+import traceback
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+
+from harness.results.store import _end_with_complete_line, load_results, point_key, read_meta
+from harness.run.checker import run_check
+from harness.run.environment import environment, slug
+from harness.run.timer import GRAPH_CALLS, GRAPH_SHAPE_SETS, NOISY_SPREAD, TRIALS, CudaTimer, summarize
+from harness.spec.contract import DTYPES, Implementation
+from harness.spec.errors import describe_error
+from harness.spec.inputs import make_case
+from harness.spec.ops import get_op
+from harness.spec.roofline import bytes_moved, tbps
+from harness.spec.shapes import Shape
+
+
+@dataclass
+class Point:
+    impl: str
+    dsl: str
+    external: bool
+    op: str
+    direction: str
+    shape_set: str
+    shape: str
+    M: int
+    N: int
+    dtype: str
+    weights: str = "same"  # the parameters' variant (harness.spec.ops.WEIGHTS); rows written before it: "same"
+    status: str = "skip"  # ok | failed | error | skip
+    reason: str = ""
+    check: str = ""
+    compile_s: float | None = None
+    ms: float | None = None  # median over all repetitions of all trials
+    ms_p95: float | None = None
+    trial_ms: list = field(default_factory=list)
+    spread: float | None = None
+    noisy: bool = False
+    graph: bool = False
+    bytes_main: int = 0
+    bytes_extra: int = 0
+    tbps: float | None = None
+    frac_roofline: float | None = None
+    config: str = ""  # where the launch config came from, for implementations that pin them per GPU
+
+    @property
+    def key(self) -> tuple:
+        return (self.impl, self.op, self.direction, self.shape, self.dtype, self.weights)
+
+
+def planned_key(t: tuple) -> tuple:
+    """``point_key`` of a point ``plan`` returns, before it is measured."""
+    impl, op, direction, _set, shape, dtype, weights = t
+    return (impl.name, op, direction, shape.label, dtype, weights)
+
+
+def plan(impls, ops, directions, shape_sets, dtypes, weights=("same",)) -> list[tuple]:
+    """(impl, op, direction, set name, shape, dtype, weights) per point; fp32 parameters beside fp32
+    x are the "same" variant, not a point of their own."""
+    todo = []
+    for set_name, shapes in shape_sets:
+        for shape in shapes:
+            for op in ops:
+                for direction in directions:
+                    for dtype in dtypes:
+                        for w in weights:
+                            if w == "fp32" and dtype == "fp32":
+                                continue
+                            todo += [(impl, op, direction, set_name, shape, dtype, w) for impl in impls if op in impl.ops]
+    return todo
+
+
+def callables(k, op: str, direction: str, case: dict):
+    """A zero-argument callable running ``direction`` (fwd | bwd | fwdbwd) of ``op`` on ``case``
+    through the contract functions directly (no autograd overhead): what the benchmark times. The
+    op record wires the backward: its arguments are the case's tensors and one forward run's
+    outputs (statistics, residual_out), computed up front for ``bwd``."""
+    rec = get_op(op)
+    fwd, bwd = getattr(k, rec.function("fwd")), getattr(k, rec.function("bwd"))
+    fwd_args = rec.fwd_call(case)
+    if direction == "fwd":
+        return lambda: fwd(*fwd_args)
+    if direction == "bwd":
+        bwd_args = rec.bwd_call(case, fwd(*fwd_args))
+        return lambda: bwd(*bwd_args)
+
+    def both():
+        return bwd(*rec.bwd_call(case, fwd(*fwd_args)))
+
+    return both
+
+
+def config_source(impl: Implementation, op: str, directions, n: int, dtype: str, device) -> str:
+    """The implementation's own account of where its launch configs come from (its
+    ``config_source`` hook: tuned on this GPU, borrowed, heuristic), per direction."""
+    src = impl.hook("config_source")
+    if src is None:
+        return ""
+    try:
+        return "; ".join(f"{d}: {src(op, d, n, dtype, torch.device(device))}" for d in directions)
+    except Exception as e:  # provenance is a label: it never fails a point
+        return f"unknown ({type(e).__name__}: {e})"
+
+
+def record_timing(p: Point, fn, timer: CudaTimer) -> None:
+    """Time ``fn`` (already run once: compiled and warm) into ``p``: the trials' summary, whether
+    CUDA-graph replay was used (the graph shape sets), and TB/s of the main bytes."""
+    trials, p.graph = timer.time(fn, graph=p.shape_set in GRAPH_SHAPE_SETS)
+    s = summarize(trials)
+    p.ms, p.ms_p95, p.trial_ms, p.spread, p.noisy = s["ms"], s["ms_p95"], s["trial_ms"], s["spread"], s["noisy"]
+    p.tbps = tbps(p.bytes_main, p.ms)
+
+
+def measure_point(impl: Implementation, op, direction, set_name, shape: Shape, dtype, device, timer, seed=0, weights="same") -> Point:
+    p = Point(impl.name, impl.dsl, impl.external, op, direction, set_name, shape.label, shape.m, shape.n, dtype, weights)
+    # fp32 parameters (the offset variant's weight is folded to fp32; its bias, kept in x's dtype,
+    # is counted at 4 bytes too: extra bytes only, never in TB/s)
+    param_size = 4 if weights != "same" else None
+    b = bytes_moved(op, direction, shape.m, shape.n, DTYPES[dtype].itemsize, param_size=param_size)
+    p.bytes_main, p.bytes_extra = b.main, b.extra
+    why = impl.unavailable(device)
+    if why is None and dtype not in impl.dtypes:
+        why = f"does not support {dtype}"
+    if why:
+        p.reason = why
+        return p
+    try:
+        k = impl.kernels(device)
+        case = make_case(op, shape, DTYPES[dtype], device, seed, weights=weights)
+        t0 = time.perf_counter()
+        fn = callables(k, op, direction, case)
+        fn()
+        timer.sync()
+        p.compile_s = time.perf_counter() - t0
+        checks = ("fwd", "bwd") if direction == "fwdbwd" else (direction,)
+        for d in checks:
+            r = run_check(impl, op, d, shape, dtype, device, seed=seed + 1, kernels=k, weights=weights)
+            if not r.passed:
+                p.status = "failed" if r.status == "fail" else "error"
+                p.check = f"{d}: {r.summary()}"
+                return p
+        p.check = "pass"
+        p.config = config_source(impl, op, checks, shape.n, dtype, device)
+        record_timing(p, fn, timer)
+        p.status = "ok"
+    except Exception as e:  # one failing implementation never stops the run
+        p.status = "error"
+        p.reason = describe_error(e)
+        if isinstance(e, torch.cuda.OutOfMemoryError):
+            torch.cuda.empty_cache()
+        if os.environ.get("NORMBENCH_DEBUG"):
+            traceback.print_exc()
+    return p
+
+
+def run_bench(
+    impls: list[Implementation],
+    ops,
+    directions,
+    shape_sets: list[tuple[str, tuple[Shape, ...]]],
+    dtypes,
+    out_dir: Path,
+    resume: bool = False,
+    device: str = "cuda",
+    timer=None,
+    copy_bandwidth: dict | None = None,
+    command: str = "",
+    progress: bool = True,
+    weights=("same",),
+) -> list[dict]:
+    """Run the benchmark, appending to ``out_dir/results.jsonl``; returns the folder's meta and all
+    its rows (those kept by ``resume`` and those measured now), for the report to take as they are."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    results_path = out_dir / "results.jsonl"
+    meta_path = out_dir / "meta.json"
+    timer = timer or CudaTimer()
+    if not resume and results_path.exists():
+        results_path.unlink()
+    kept = load_results(results_path) if resume else []
+    meta = read_meta(meta_path) if (resume and meta_path.exists()) else {}
+    if resume and results_path.exists():
+        _end_with_complete_line(results_path)
+    done = {point_key(r) for r in kept}
+    if copy_bandwidth is None:
+        from harness.run.timer import measure_copy_bandwidth
+
+        copy_bandwidth = measure_copy_bandwidth()
+    runs = meta.get("runs", [])
+    env = environment(device)
+    run_index = len(runs)
+    # per run, so a folder that several runs (or `normbench merge`) wrote says which code measured which point
+    runs.append({"command": command, "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "copy_bandwidth": copy_bandwidth,
+                 "git_commit": env["git_commit"], "torch": env["torch"], "versions": env["versions"]})  # fmt: skip
+    meta.update(env)
+    meta["runs"] = runs
+    meta["copy_bandwidth_tbps"] = copy_bandwidth["tbps"]
+    meta["method"] = {"trials": TRIALS, "noisy_spread": NOISY_SPREAD, "graph_calls": GRAPH_CALLS, "graph_shape_sets": GRAPH_SHAPE_SETS}
+    meta_path.write_text(json.dumps(meta, indent=2))
+
+    todo = [t for t in plan(impls, ops, directions, shape_sets, dtypes, weights) if planned_key(t) not in done]
+    roof = copy_bandwidth["tbps"]
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    cols = (TextColumn("[bold]bench"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), TextColumn("{task.description}"))
+    with Progress(*cols, disable=not progress, transient=False) as bar, results_path.open("a") as fh:
+        task = bar.add_task("", total=len(todo))
+        last_shape = None
+        for impl, op, direction, set_name, shape, dtype, weights_variant in todo:
+            bar.update(task, description=f"{impl.name} {op} {direction} {shape.label} {dtype} {weights_variant}")
+            if shape != last_shape and device == "cuda":
+                torch.cuda.empty_cache()
+                last_shape = shape
+            p = measure_point(impl, op, direction, set_name, shape, dtype, device, timer, weights=weights_variant)
+            if p.tbps is not None and roof:
+                p.frac_roofline = p.tbps / roof
+            row = {**asdict(p), "run": run_index}
+            fh.write(json.dumps(row) + "\n")
+            fh.flush()
+            kept.append(row)
+            bar.advance(task)
+    meta["finished"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    meta_path.write_text(json.dumps(meta, indent=2))
+    return meta, kept
+
+
+def default_out_dir(gpu: str) -> Path:
+    """Where a run goes unless told: ``runs/<gpu>/<date>`` (not committed). Its points join the
+    GPU's current report with ``normbench merge reports/<gpu> runs/<gpu>/<date>``."""
+    return Path("runs") / slug(gpu) / time.strftime("%Y-%m-%d", time.gmtime())

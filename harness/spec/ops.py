@@ -1,0 +1,206 @@
+"""The ops, one declarative record each: what every part of the harness reads about an op.
+
+An op is its two contract functions (argument and output names, with the kind of each tensor), its
+fp64 reference, the tensors its inputs draw, and its bytes model. The checker, the benchmark, the
+autograd layer, the custom ops and TritonBench read these records; adding an op is one record here,
+its reference in ``harness.spec.reference``, and its functions in the implementations that provide it.
+
+Tensor kinds (what shape and dtype a tensor has, given x of shape (M, N)):
+    rows   (M, N) in x's dtype                  x, dy, y, dx, residual, residual_out, dh, ...
+    stat   (M,) fp32                            rstd, mean
+    param  (N,) in the weight's dtype           weight, bias, dweight, dbias (x's dtype or fp32)
+
+A backward's arguments come by name: an argument the forward returns (rstd, residual_out) is taken
+from the forward's outputs, every other one (dy, x, weight) from the drawn case. That one rule is how
+the checker, the benchmark's callables and the overhead measurement wire a backward, for every op.
+
+Weight variants (``WEIGHTS``), an axis of checks and benchmark points beside the dtype:
+    same    weight and bias in x's dtype (the default, and the only variant of older results)
+    fp32    weight and bias in fp32 beside 16-bit x (mixed precision)
+    offset  Gemma's y = xhat * (1 + w): w drawn small, stored in x's dtype, and passed to the kernels
+            as ``effective_weight(w, 1.0)``, fp32; the add is in fp32 because in bf16 it would
+            round 1 + w back to 1 and lose w
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from harness.spec import reference
+
+
+@dataclass(frozen=True)
+class Arg:
+    name: str
+    kind: str  # rows | stat | param | scalar
+    optional: bool = False  # may be None (weight, bias, dresidual_out)
+
+
+def _rows(name, optional=False):
+    return Arg(name, "rows", optional)
+
+
+def _stat(name):
+    return Arg(name, "stat")
+
+
+def _param(name):
+    return Arg(name, "param", True)
+
+
+EPS = Arg("eps", "scalar")
+
+
+def _native_rmsnorm(x, weight, eps):
+    return torch.nn.functional.rms_norm(x, (x.shape[-1],), weight, eps)
+
+
+def _native_layernorm(x, weight, bias, eps):
+    return torch.nn.functional.layer_norm(x, (x.shape[-1],), weight, bias, eps)
+
+
+def _native_add_rmsnorm(x, residual, weight, eps):
+    h = x + residual
+    return _native_rmsnorm(h, weight, eps), h
+
+
+@dataclass(frozen=True)
+class Op:
+    name: str
+    fwd_args: tuple[Arg, ...]
+    fwd_outputs: tuple[Arg, ...]
+    bwd_args: tuple[Arg, ...]
+    bwd_outputs: tuple[Arg, ...]
+    reference_fwd: Callable
+    reference_bwd: Callable
+    # inputs drawn at random for a check or a benchmark point (see harness.spec.inputs.make_case);
+    # every other backward argument is a forward output
+    inputs: tuple[str, ...]
+    # row tensors (M x N elements) read + written, per direction: the bytes model's main bytes
+    rows_moved: dict
+    params: tuple[str, ...] = ("weight",)  # (N,) parameters, in the order the forward takes them
+    tritonbench: str | None = None  # TritonBench's operator of this op, where it has one
+    description: str = ""
+    # checked on inputs whose squares overflow fp32 (harness.spec.inputs.OVERFLOW): NaN or the right
+    # answer, never a finite wrong one. LayerNorm only: torch's LayerNorm returns NaN there (on the
+    # CPU for rows of one block; its wide-row CPU path returns y = bias, which eager corrects),
+    # while torch's RMSNorm returns y = 0 (rsqrt(inf) = 0): holding RMSNorm to NaN would fail torch.
+    overflow: bool = False
+    # PyTorch's own differentiable composition, taking the forward's arguments: the floor rows of
+    # `normbench overhead` and what the unfused model runs
+    native: Callable | None = None
+
+    @property
+    def stats(self) -> tuple[str, ...]:
+        return tuple(a.name for a in self.fwd_outputs if a.kind == "stat")
+
+    @property
+    def normed(self) -> str:
+        """The row tensor the backward differentiates the norm at (x, or residual_out)."""
+        return next(a.name for a in self.bwd_args[1:] if a.kind == "rows" and not a.optional)
+
+    def function(self, direction: str) -> str:
+        return f"{self.name}_{direction}"
+
+    def reference(self, direction: str) -> Callable:
+        return {"fwd": self.reference_fwd, "bwd": self.reference_bwd}[direction]
+
+    def fwd_call(self, case: dict) -> tuple:
+        """The forward's arguments, in contract order, from a drawn case."""
+        return tuple(case[a.name] for a in self.fwd_args)
+
+    def bwd_call(self, case: dict, fwd_out) -> tuple:
+        """The backward's arguments: what the forward returned (``fwd_out``, in ``fwd_outputs``
+        order) where the forward returns it, the case's tensor otherwise."""
+        produced = {a.name: t for a, t in zip(self.fwd_outputs, fwd_out)}
+        return tuple(produced[a.name] if a.name in produced else case[a.name] for a in self.bwd_args)
+
+    def rows_of(self, direction: str) -> int:
+        """Row tensors (M x N) a perfect kernel reads + writes; fwdbwd is the sum of both."""
+        if direction == "fwdbwd":
+            return self.rows_moved["fwd"] + self.rows_moved["bwd"]
+        return self.rows_moved[direction]
+
+
+OPS: dict[str, Op] = {
+    op.name: op
+    for op in (
+        Op(
+            name="rmsnorm",
+            fwd_args=(_rows("x"), _param("weight"), EPS),
+            fwd_outputs=(_rows("y"), _stat("rstd")),
+            bwd_args=(_rows("dy"), _rows("x"), _param("weight"), _stat("rstd")),
+            bwd_outputs=(_rows("dx"), _param("dweight")),
+            reference_fwd=reference.rmsnorm_fwd,
+            reference_bwd=reference.rmsnorm_bwd,
+            inputs=("x", "dy", "weight"),
+            rows_moved={"fwd": 2, "bwd": 3},
+            tritonbench="rms_norm",
+            native=_native_rmsnorm,
+            description="y = x / sqrt(mean(x^2) + eps) * w",
+        ),
+        Op(
+            name="layernorm",
+            fwd_args=(_rows("x"), _param("weight"), _param("bias"), EPS),
+            fwd_outputs=(_rows("y"), _stat("mean"), _stat("rstd")),
+            bwd_args=(_rows("dy"), _rows("x"), _param("weight"), _stat("mean"), _stat("rstd")),
+            bwd_outputs=(_rows("dx"), _param("dweight"), _param("dbias")),
+            reference_fwd=reference.layernorm_fwd,
+            reference_bwd=reference.layernorm_bwd,
+            inputs=("x", "dy", "weight", "bias"),
+            rows_moved={"fwd": 2, "bwd": 3},
+            params=("weight", "bias"),
+            tritonbench="layer_norm",
+            native=_native_layernorm,
+            overflow=True,
+            description="y = (x - mean(x)) / sqrt(var(x) + eps) * w + b",
+        ),
+        Op(
+            name="add_rmsnorm",
+            fwd_args=(_rows("x"), _rows("residual"), _param("weight"), EPS),
+            fwd_outputs=(_rows("y"), _rows("residual_out"), _stat("rstd")),
+            bwd_args=(_rows("dy"), _rows("dresidual_out", optional=True), _rows("residual_out"), _param("weight"), _stat("rstd")),
+            bwd_outputs=(_rows("dh"), _param("dweight")),
+            reference_fwd=reference.add_rmsnorm_fwd,
+            reference_bwd=reference.add_rmsnorm_bwd,
+            inputs=("x", "residual", "dy", "dresidual_out", "weight"),
+            rows_moved={"fwd": 4, "bwd": 4},
+            tritonbench=None,  # TritonBench has no residual + RMSNorm operator (README)
+            native=_native_add_rmsnorm,
+            description="residual_out = x + residual (rounded to x's dtype); y = rmsnorm(residual_out)",
+        ),
+    )
+}
+
+
+WEIGHTS = ("same", "fp32", "offset")
+# the weight_offset of the "offset" variant (Gemma's (1 + w))
+OFFSET = 1.0
+
+
+def check_weights(name: str) -> str:
+    if name not in WEIGHTS:
+        raise ValueError(f"unknown weights variant '{name}'; known: {', '.join(WEIGHTS)}")
+    return name
+
+
+def get_op(name: str) -> Op:
+    if name not in OPS:
+        raise ValueError(f"unknown op '{name}'; known: {', '.join(OPS)}")
+    return OPS[name]
+
+
+def effective_weight(weight, offset: float = 0.0):
+    """The weight the kernels see: ``weight`` itself, or ``weight.float() + offset`` (Gemma's
+    ``(1 + w)`` scale, added in fp32) when there is an offset. Differentiable: the gradient reaches
+    ``weight`` unchanged, in its own dtype."""
+    if isinstance(offset, bool) or not isinstance(offset, (int, float)):
+        raise TypeError(f"weight_offset must be a float, got {type(offset).__name__}")
+    if offset == 0:
+        return weight
+    if weight is None:
+        raise ValueError(f"weight_offset={offset} needs a weight (the scale is weight_offset + weight)")
+    return weight.float() + offset

@@ -1,0 +1,182 @@
+"""The contract's argument checks, and the wrapper that puts them in front of every kernel.
+
+Every contract function of every implementation is called through ``checked``: it validates the
+arguments (a clear ValueError / TypeError naming the argument, never a kernel's crash), flattens
+leading dimensions to (M, N) rows without copying where a view suffices, answers M = 0 itself, and
+gives the outputs back in the caller's shape. It is built from the op record (``harness.spec.ops``):
+argument kinds say what each check is, so a new op needs no wrapper of its own. The same checks run
+on fake tensors in the custom ops (``harness.integrate.library``), so a bad argument is the same
+error under torch.compile as in eager.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Callable
+
+import torch
+
+from harness.spec.contract import DTYPE_NAMES, PARAM_DTYPES
+from harness.spec.interpreters import interpreter_env
+
+
+def check_tensor(t, what: str) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{what} must be a torch.Tensor, got {type(t).__name__}")
+
+
+def _same_device(t: torch.Tensor | None, x: torch.Tensor, what: str):
+    if t is not None and t.device != x.device:
+        raise ValueError(f"{what} is on {t.device} but x is on {x.device}")
+
+
+def check_x(x, impl, what: str = "x") -> tuple[int, int]:
+    """The row tensor a call is shaped by: (M, N) of an (..., N) tensor of a dtype and device the
+    implementation takes."""
+    check_tensor(x, what)
+    if x.dim() < 1:
+        raise ValueError(f"{what} must have at least one dimension (..., N)")
+    n = x.shape[-1]
+    if n == 0:
+        raise ValueError(f"{what} has N = 0 along its last dimension: nothing to normalize")
+    if not x.dtype.is_floating_point:
+        raise TypeError(f"{what} must be a floating-point tensor, got {x.dtype}")
+    if x.dtype not in DTYPE_NAMES or DTYPE_NAMES[x.dtype] not in impl.dtypes:
+        raise TypeError(f"implementation '{impl.name}' supports {', '.join(impl.dtypes)}; {what} is {x.dtype}")
+    dev = x.device.type
+    if dev not in impl.devices:
+        raise ValueError(f"implementation '{impl.name}' runs on {', '.join(impl.devices)} tensors; {what} is on {dev}")
+    return x.numel() // n, n
+
+
+def check_vector(t, n: int, x: torch.Tensor, what: str):
+    """A parameter (weight, bias): None, or (N,) on x's device in x's dtype or fp32; contiguous."""
+    if t is None:
+        return None
+    check_tensor(t, what)
+    if t.dim() != 1 or t.shape[0] != n:
+        raise ValueError(f"{what} must have shape ({n},) to match x's last dimension, got {tuple(t.shape)}")
+    _same_device(t, x, what)
+    if t.dtype != x.dtype and t.dtype not in PARAM_DTYPES:
+        raise TypeError(f"{what} must have x's dtype {x.dtype} or float32, got {t.dtype}")
+    return t.contiguous()
+
+
+def check_like_x(t, x: torch.Tensor, what: str) -> None:
+    """A tensor that must match x in shape, dtype and device (dy, residual, ...)."""
+    check_tensor(t, what)
+    if t.shape != x.shape:
+        raise ValueError(f"{what} has shape {tuple(t.shape)} but x has {tuple(x.shape)}")
+    _same_device(t, x, what)
+    if t.dtype != x.dtype:
+        raise TypeError(f"{what} must have x's dtype {x.dtype}, got {t.dtype}")
+
+
+def check_stats(t, m: int, x: torch.Tensor, what: str) -> torch.Tensor:
+    """A per-row statistic (rstd, mean): M fp32 values on x's device; contiguous (M,)."""
+    check_tensor(t, what)
+    if t.numel() != m:
+        raise ValueError(f"{what} must hold one value per row ({m}), got shape {tuple(t.shape)}")
+    if t.dtype != torch.float32:
+        raise TypeError(f"{what} must be float32, got {t.dtype}")
+    _same_device(t, x, what)
+    return t if t.dim() == 1 and t.is_contiguous() else t.reshape(m).contiguous()
+
+
+def check_eps(eps) -> float:
+    if isinstance(eps, bool) or not isinstance(eps, (int, float)):
+        raise TypeError(f"eps must be a float, got {type(eps).__name__}")
+    if not eps >= 0:
+        raise ValueError(f"eps must be >= 0, got {eps}")
+    return float(eps)
+
+
+def as_rows(t: torch.Tensor, n: int) -> torch.Tensor:
+    """(..., N) -> (M, N) with unit stride along N, without copying when a view suffices."""
+    t2 = t.reshape(-1, n) if t.dim() != 2 else t
+    if n > 1 and t2.stride(1) != 1:
+        t2 = t2.contiguous()
+    return t2
+
+
+def shaping_arg(op, direction: str) -> int:
+    """Position of the row tensor a call is shaped by: x in a forward; in a backward the tensor the
+    norm is differentiated at (x, or residual_out), not dy."""
+    args = op.fwd_args if direction == "fwd" else op.bwd_args
+    name = args[0].name if direction == "fwd" else op.normed
+    return next(i for i, a in enumerate(args) if a.name == name)
+
+
+def check_args(impl, args, ref_i: int, values) -> tuple[int, int, torch.Tensor, list]:
+    """Validate one call's ``values`` against the op record's ``args``: (M, N, the row tensor the
+    call is shaped by, the values with parameters and statistics made contiguous and eps a float).
+    The checks the custom ops' fake functions run too."""
+    ref = values[ref_i]
+    m, n = check_x(ref, impl, args[ref_i].name)
+    out = list(values)
+    for i, (a, v) in enumerate(zip(args, values)):
+        if a.kind == "rows":
+            if i != ref_i and not (v is None and a.optional):
+                check_like_x(v, ref, a.name)
+        elif a.kind == "param":
+            out[i] = check_vector(v, n, ref, a.name)
+        elif a.kind == "stat":
+            out[i] = check_stats(v, m, ref, a.name)
+        elif a.kind == "scalar":
+            out[i] = check_eps(v)
+    return m, n, ref, out
+
+
+def checked(impl, op, direction: str, fn: Callable) -> Callable:
+    """``fn`` (a raw contract function) behind the contract's validation, (..., N) <-> (M, N)
+    reshaping, M = 0 and the ``handles_no_affine`` substitution, all read from the op record."""
+    args = op.fwd_args if direction == "fwd" else op.bwd_args
+    outputs = op.fwd_outputs if direction == "fwd" else op.bwd_outputs
+    ref_i = shaping_arg(op, direction)
+    positions = {a.name: i for i, a in enumerate(args)}
+    weight_i = positions.get("weight")
+    # per output: the argument position of the parameter it is the gradient of (dweight <- weight)
+    grad_of = tuple(positions.get(o.name[1:]) if o.kind == "param" else None for o in outputs)
+    signature = inspect.Signature([inspect.Parameter(a.name, inspect.Parameter.POSITIONAL_OR_KEYWORD) for a in args])
+
+    def empty(values, ref, m, n):
+        lead = ref.shape[:-1]
+        out = []
+        for o, p in zip(outputs, grad_of):
+            if o.kind == "rows":
+                out.append(torch.empty(ref.shape, dtype=ref.dtype, device=ref.device))
+            elif o.kind == "stat":
+                out.append(torch.empty(lead, dtype=torch.float32, device=ref.device))
+            elif p is not None and values[p] is None:
+                out.append(None)
+            else:
+                w = values[weight_i] if weight_i is not None else None
+                out.append(torch.zeros(n, dtype=w.dtype if w is not None else ref.dtype, device=ref.device))
+        return tuple(out)
+
+    def call(*values, **named):
+        if named or len(values) != len(args):
+            values = tuple(signature.bind(*values, **named).args)
+        m, n, ref, values = check_args(impl, args, ref_i, values)
+        if m == 0:
+            return empty(values, ref, m, n)
+        given = list(values)
+        if weight_i is not None and values[weight_i] is None and not impl.handles_no_affine:
+            values[weight_i] = torch.ones(n, dtype=ref.dtype, device=ref.device)
+        for i, a in enumerate(args):
+            if a.kind == "rows" and values[i] is not None:
+                values[i] = as_rows(values[i], n)
+        with interpreter_env(impl, ref.device.type):
+            out = fn(*values)
+        out = tuple(None if p is not None and given[p] is None else o for o, p in zip(out, grad_of))
+        if ref.dim() == 2:  # already (M, N): a reshape per output costs host time (~5 us each)
+            return out
+        lead = ref.shape[:-1]
+        return tuple(
+            o.reshape(ref.shape) if k.kind == "rows" else o.reshape(lead) if k.kind == "stat" else o
+            for o, k in zip(out, outputs)
+        )
+
+    call.__name__ = call.__qualname__ = op.function(direction)
+    call.__signature__ = signature
+    return call

@@ -1,0 +1,303 @@
+"""Launch configurations for ``kernels``: pinned per GPU and N bucket, searched only on request.
+
+A ``Config`` says how a kernel walks the (M, N) input:
+
+* ``rows``: rows per tile, processed together (several short rows per program keep enough bytes in
+  flight; the row reductions stay per row).
+* ``warps``: ``num_warps``.
+* ``chunk``: forward: 0 keeps a whole row (padded to the N bucket, the next power of two) in
+  registers; otherwise rows are walked in column chunks of this many elements, twice (see
+  ``kernels``). Backward, sliced: the width of the tiles in which a program streams the
+  other slices of its rows (without ``row_sums``).
+* ``programs_per_sm``: the size of the persistent grid: the backward's always, the chunked
+  forward's with ``persistent``.
+* ``persistent``: chunked forward only: a grid of ``programs_per_sm`` programs per SM, each walking
+  several row blocks, instead of one program per row block (a little faster on the widest rows).
+* ``reread``: backward, whole-row kernel only: read each row a second time (from L1/L2) for dx
+  instead of holding x and dy in registers across the row reductions, leaving the registers to the
+  dw/db accumulators (for rows too wide to keep both).
+* ``slice``: backward only: 0 gives each program whole rows; otherwise each program owns a column
+  slice this wide of a group of rows (rows too wide for one program's dw/db accumulators).
+* ``row_sums``: sliced backward: the row reductions come from a first kernel over every (row,
+  slice) instead of each program streaming the rest of its rows.
+* ``prefetch``: backward, whole-row kernel only: load the next row block while computing this one
+  (software pipelining by hand; the default). Off, its registers go to a wider row instead.
+* ``exact_n``: whole-row kernels only: compile for the exact row length (one compile per N instead
+  of per bucket), so the vector slots of the padded tile that lie wholly past N vanish at compile
+  time rather than being masked at run time. It is no general win: it helped the LayerNorm forward
+  at N = 2880 but made some backwards spill and some wide forwards much slower, so it is pinned
+  only where it was measured to win.
+
+Where a config comes from, in order:
+
+1. ``NORMBENCH_TRITON_AUTOTUNE=1``: each candidate of ``candidates()`` is timed on the caller's own
+   tensors (``triton.testing.do_bench``, median) the first time a (GPU, op, direction, bucket, dtype)
+   is seen in this process; the winner is cached for the rest of the process.
+2. ``configs.json``: the winners measured per GPU (bf16, the sweep shapes), by the name
+   ``torch.cuda.get_device_name`` reports; a GPU without a table of its own reads that of a tuned
+   GPU of the same compute capability (``harness.spec.tuned``: an H800 reads the H100's). ``normbench
+   tune --impl triton`` (``tune``) writes a GPU's table.
+3. ``heuristic()``: for a GPU of an architecture with no table (and ``interpreter_config()`` for
+   the CPU interpreter).
+
+The bucket is ``next_pow2(N)``: it is the register tile width, so every N in a bucket compiles to
+the same kernel. A table may also hold an exact N (a sweep point whose own best beat its bucket's
+config by more than the noise); it takes precedence over the bucket. The tables are keyed by N
+alone, not dtype: the register footprint is fp32 whatever the input dtype (the autotune cache
+is keyed by x's dtype, the bytes of a row, whatever the weight's). The fused add + RMSNorm borrows
+RMSNorm's tables and heuristic, adapted (``BORROWS``), on a GPU whose table has no add_rmsnorm
+entries of its own. The tables were measured with weights of x's dtype; ``for_weight`` adapts a
+backward config to an fp32 weight beside 16-bit rows (see there).
+
+Measurements behind these choices: docs/kernels/triton.md.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, replace
+
+import torch
+
+from harness.spec.tuned import capability_of, table_for
+
+CONFIG_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs.json")
+AUTOTUNE_ENV = "NORMBENCH_TRITON_AUTOTUNE"
+MIN_BLOCK = 16  # the narrowest tile: keeps layouts ordinary for N = 1
+INTERPRETER_SMS = 4  # "SMs" of the CPU interpreter: any small number; programs run one after another
+
+# Widest N bucket whose row lives whole in registers, for the heuristic (64K 32-bit registers per
+# SM: a 32768-wide fp32 row is half of them; the backward holds x, dy and the dw/db accumulators).
+FWD_TILE_MAX = 32768
+BWD_TILE_MAX = 8192
+
+
+@dataclass(frozen=True)
+class Config:
+    rows: int = 1
+    warps: int = 4
+    chunk: int = 0
+    programs_per_sm: int = 1
+    reread: bool = False
+    slice: int = 0
+    row_sums: bool = False
+    persistent: bool = False
+    exact_n: bool = False
+    prefetch: bool = True
+
+    def to_json(self) -> dict:
+        """The fields that differ from the defaults of the fields added last (``prefetch``), so that
+        the tables written before them read the same."""
+        out = asdict(self)
+        if self.prefetch:
+            del out["prefetch"]
+        return out
+
+
+def bucket(n: int) -> int:
+    return max(MIN_BLOCK, 1 << (max(n, 1) - 1).bit_length())
+
+
+def device_name(device: torch.device) -> str:
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+
+
+def sm_count(device: torch.device) -> int:
+    if device.type != "cuda":
+        return INTERPRETER_SMS
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def _clamp(v: int, lo: int, hi: int) -> int:
+    return max(lo, min(hi, v))
+
+
+def interpreter_config(direction: str, n: int) -> Config:
+    """The CPU interpreter pays per operation, not per element: few programs, big tiles."""
+    rows = _clamp(32768 // bucket(n), 1, 64)
+    if bucket(n) <= 32768:
+        return Config(rows=rows)
+    return Config(rows=1, chunk=8192) if direction == "fwd" else Config(rows=1, slice=8192, row_sums=True)
+
+
+def heuristic(direction: str, n: int) -> Config:
+    """A config for a GPU without pinned data, shaped after the H200 winners: ~8-32 fp32 elements
+    per thread per tile; small rows several to a tile and, in the backward, several programs per SM
+    (each keeps a block in flight while it computes); rows past the register budget chunked."""
+    b = bucket(n)
+    if direction == "fwd":
+        if b <= FWD_TILE_MAX:
+            rows = _clamp(2048 // b, 1, 16)
+            return Config(rows=rows, warps=_clamp(rows * b // 512, 4, 16))
+        return Config(rows=1, warps=16, chunk=8192)
+    if b <= BWD_TILE_MAX:
+        rows = _clamp(2048 // b, 2, 16) if b <= 2048 else 1
+        programs = 4 if b <= 1024 else 2 if b <= 4096 else 1
+        return Config(rows=rows, warps=_clamp(rows * b // 512, 4, 16), programs_per_sm=programs)
+    return Config(rows=1, warps=8, programs_per_sm=2, slice=4096, row_sums=True)
+
+
+def candidates(direction: str, n: int) -> list[Config]:
+    """The search space of the autotune mode, kept small (a few dozen configs at most)."""
+    b = bucket(n)
+    out = []
+    if direction == "fwd":
+        if b <= 32768:
+            for rows in (1, 2, 4, 8):
+                for warps in (4, 8, 16, 32):
+                    per_thread = rows * b // (32 * warps)
+                    if rows * b <= max(b, 16384) and 8 <= per_thread <= 64:
+                        out.append(Config(rows=rows, warps=warps))
+            if n != b:  # each also compiled for the exact N (the LayerNorm forward's winner on some N)
+                out += [replace(c, exact_n=True) for c in out]
+        if b >= 16384:
+            for c in (8192, 16384, 32768):
+                for w in (8, 16, 32):
+                    if c < b and 8 <= c // (32 * w) <= 64:
+                        out += [
+                            Config(rows=1, warps=w, chunk=c),
+                            Config(rows=1, warps=w, chunk=c, persistent=True, programs_per_sm=2),
+                        ]
+        return out or [heuristic(direction, n)]
+    if b <= 8192:
+        for rows in (1, 2, 4):
+            for warps in (4, 8, 16):
+                per_thread = rows * b // (32 * warps)
+                if rows * b <= max(b, 8192) and 4 <= per_thread <= 32:
+                    # more programs per SM only while they can all be resident (persistent grid)
+                    out += [Config(rows=rows, warps=warps, programs_per_sm=p) for p in (1, 2, 4) if p * warps <= 16]
+    if 4096 <= b <= 16384:
+        out += [Config(rows=r, warps=w, reread=True) for r, w in ((1, 16), (2, 16), (1, 32))]
+    if 8192 <= b <= 16384:  # a whole row per program, its registers not shared with a prefetched one
+        out += [Config(rows=1, warps=w, prefetch=False) for w in (16, 32)]
+    if b >= 16384:
+        out += [Config(rows=1, warps=16, slice=8192, row_sums=True), Config(rows=1, warps=8, programs_per_sm=2, slice=4096, row_sums=True)]
+    if b == 16384:
+        out += [Config(rows=1, warps=16, slice=8192, chunk=c) for c in (4096, 8192)]
+    return out or [heuristic(direction, n)]
+
+
+# ------------------------------------------------------------------------------ pinned tables
+_PINNED: dict | None = None
+
+
+
+def _fused_add_config(cfg: Config, direction: str, n: int) -> Config:
+    """RMSNorm's config as the fused add + RMSNorm runs it. The same tile keeps twice the bytes in
+    flight (x and residual in, y and residual_out out; dy, residual_out and dresidual_out in, dh
+    out), and the fp32 math is RMSNorm's, so the whole-row tiles and the backward carry over: built
+    for sm_90a without a GPU (``sm90a_build``; its output for a pinned table is in
+    ``sm90a_resources.txt``), the fused kernels take about RMSNorm's registers (whole-row forward
+    up to N = 32768: no stack; backward: the programs per SM the config launches all fit, the
+    re-read kernels with a little more stack than RMSNorm's). The chunked forward's chunk is
+    halved, so that a chunk of x and residual holds what RMSNorm's chunk of x does: the full chunk
+    spilled to the stack, the halved one did not.
+
+    The forward and the backward up to N = 8192 run well on RMSNorm's configs, but RMSNorm's
+    whole-row re-read backward above that collapses with the fused backward's third row tensor,
+    dresidual_out, on top of a kernel sized for two, where the column-sliced backward of the
+    heuristic does not: above BWD_TILE_MAX the fused backward takes the sliced heuristic instead."""
+    if direction == "fwd" and cfg.chunk:
+        return replace(cfg, chunk=max(MIN_BLOCK, cfg.chunk // 2))
+    if direction == "bwd" and cfg.reread and bucket(n) > BWD_TILE_MAX:
+        return heuristic("bwd", n)
+    return cfg
+
+
+# Ops measured on no GPU yet: the op whose table (and heuristic) they use meanwhile, and how its
+# configs are adapted.
+BORROWS = {"add_rmsnorm": ("rmsnorm", _fused_add_config)}
+
+
+def pinned_table() -> dict:
+    """{gpu name: {"rmsnorm_fwd": {bucket (str): config dict}, ...}} from ``configs.json``."""
+    global _PINNED
+    if _PINNED is None:
+        with open(CONFIG_FILE) as f:
+            _PINNED = {k: v for k, v in json.load(f).items() if not k.startswith("_")}
+    return _PINNED
+
+
+def pinned(gpu: str, op: str, direction: str, n: int) -> Config | None:
+    """An entry for exactly N (a sweep point that beat its bucket's config), else for N's bucket.
+    An op without a table of its own on this GPU uses the one it borrows (``BORROWS``)."""
+    tables = pinned_table().get(gpu, {})
+    if f"{op}_{direction}" not in tables and op in BORROWS:
+        source, adapt = BORROWS[op]
+        cfg = pinned(gpu, source, direction, n)
+        return adapt(cfg, direction, n) if cfg else None
+    table = tables.get(f"{op}_{direction}", {})
+    entry = table.get(str(n)) or table.get(str(bucket(n)))
+    return Config(**entry) if entry else None
+
+
+def for_weight(cfg: Config, direction: str, weight_dtype, x_dtype) -> Config:
+    """A config measured with weights of x's dtype, as an fp32 weight beside 16-bit rows runs it.
+
+    Built for sm_90a (``sm90a_build --weight-dtype fp32``, ``sm90a_resources.txt``), the two-row
+    re-read backward (N = 5120-8192) spills with an fp32 weight where its bf16 twin barely does,
+    and ran several times slower there. One row per tile builds with no spill: the re-read
+    backward takes one row per tile with an fp32 weight.
+    Loading the weight as volatile (no hoisting out of the row loop) changed nothing: the spill is
+    the fp32 weight tile itself, twice as wide as bf16's. The forward builds spill-free up to
+    N = 16384 with either weight and is left alone."""
+    if direction == "bwd" and cfg.reread and cfg.rows > 1 and weight_dtype == torch.float32 and x_dtype != torch.float32:
+        return replace(cfg, rows=1)
+    return cfg
+
+
+# ------------------------------------------------------------------------------ choosing
+_SEARCHED: dict = {}
+
+
+def search(launch, configs: list[Config]) -> tuple[Config, dict]:
+    """Time ``launch(config)`` for each config (median ms); the fastest and every timing."""
+    import triton.testing
+
+    times = {}
+    for cfg in configs:
+        try:
+            times[cfg] = triton.testing.do_bench(lambda: launch(cfg), warmup=10, rep=40, return_mode="median")
+        except Exception as e:  # a config the compiler rejects (out of resources) is just not a candidate
+            times[cfg] = float("inf")
+            print(f"configs: {cfg} failed: {type(e).__name__}: {str(e)[:200]}")
+    return min(times, key=times.get), times
+
+
+def choose(op: str, direction: str, n: int, device: torch.device, launch=None, dtype=None) -> Config:
+    """The config to launch with (see the module docstring for the order)."""
+    gpu = device_name(device)
+    if device.type == "cuda" and launch is not None and os.environ.get(AUTOTUNE_ENV, "0") == "1":
+        key = (gpu, op, direction, bucket(n), dtype)
+        if key not in _SEARCHED:
+            _SEARCHED[key] = search(launch, candidates(direction, n))[0]
+        return _SEARCHED[key]
+    if device.type != "cuda":
+        return interpreter_config(direction, n)
+    return lookup(gpu, op, direction, n, capability_of(device))
+
+
+def resolve(gpu: str, op: str, direction: str, n: int, capability=None) -> tuple[Config, str]:
+    """The config and where it comes from: the table ``harness.spec.tuned`` picks for this GPU (its own,
+    or one of a GPU of the same compute capability) at N, else the heuristic (adapted for an op
+    that borrows another's configs)."""
+    table_gpu, how = table_for(gpu, pinned_table(), capability)
+    found = pinned(table_gpu, op, direction, n) if table_gpu else None
+    if found:
+        return found, how
+    cfg = BORROWS[op][1](heuristic(direction, n), direction, n) if op in BORROWS else heuristic(direction, n)
+    return cfg, how if table_gpu is None else f"heuristic (no entry for N={n} in the table of {table_gpu})"
+
+
+def lookup(gpu: str, op: str, direction: str, n: int, capability=None) -> Config:
+    return resolve(gpu, op, direction, n, capability)[0]
+
+
+def source(op: str, direction: str, n: int, dtype: str, device) -> str:
+    """Where the config of one launch comes from (the benchmark records it per point)."""
+    if device.type != "cuda":
+        return "interpreter"
+    if os.environ.get(AUTOTUNE_ENV, "0") == "1":
+        return f"searched on first use ({AUTOTUNE_ENV}=1)"
+    return resolve(device_name(device), op, direction, n, capability_of(device))[1]

@@ -1,0 +1,621 @@
+"""RMSNorm, LayerNorm and the fused residual add + RMSNorm, forward and backward, in Triton.
+
+Per row of N elements, all arithmetic in fp32 (x, dy, w, b are upcast right after loading):
+
+    RMSNorm     rstd = 1 / sqrt(mean(x^2) + eps)                          xhat = x * rstd
+    LayerNorm   mean = mean(x),  rstd = 1 / sqrt(mean((x - mean)^2) + eps)  xhat = (x - mean) * rstd
+    forward     y = xhat * w (+ b)
+    backward    g = dy * w,  c1 = mean(g * xhat),  c2 = mean(g) (LayerNorm; 0 for RMSNorm)
+                dx = rstd * (g - xhat * c1 - c2)
+                dw = sum over rows of dy * xhat,   db = sum over rows of dy
+    add + RMSNorm   h = round_to_x_dtype(x + residual) (stored: residual_out), then RMSNorm of h;
+                    backward dh = RMSNorm's dx (with h for x) + dresidual_out, rounded once
+
+RMSNorm is LayerNorm without the centring, so every kernel takes ``LAYERNORM`` as a compile-time
+flag; the fused add is RMSNorm's kernels with ``HAS_RESIDUAL`` (forward) and ``HAS_DRESIDUAL``
+(backward) on, on every path below. Memory traffic is what matters: the forward reads x once and
+writes y (fused: reads x and residual, writes y and residual_out); the backward reads x and dy once
+and writes dx (fused: reads dy, residual_out and dresidual_out, writes dh), and its column
+reductions (dw, db) ride along in the same pass.
+
+Why the fused sum is rounded before the statistics: the unfused model stores x + residual in x's
+dtype and normalises that; normalising the fp32 sum instead would give a y (and rstd) that differ
+from the unfused pair's, and a backward (which only sees residual_out) inconsistent with its
+forward. So h is rounded once, stored, and the statistics and y are computed from h as stored.
+
+Weights and biases come in x's dtype or in fp32 (mixed precision): each is loaded through its own
+pointer type and upcast, so an fp32 weight costs 4 bytes a column instead of 2; dw and db are
+reduced in fp32 whatever their dtype and rounded once to the weight's. Configs are chosen by x's
+dtype (the bytes of a row), except that the re-read backward takes one row per tile with an fp32
+weight beside 16-bit rows (``configs.for_weight``: two rows spill there).
+
+A row whose sum of squares overflows fp32 (|x| from ~1e19 up) would get rstd = rsqrt(inf) = 0 and
+y = 0 (or the bias): finite and wrong. Its rstd is NaN instead, so y and dx are NaN there, as
+torch's LayerNorm gives (its rms_norm returns 0 there, which is not copied).
+
+How a row is walked (``Config``, chosen per GPU and N bucket in ``configs``):
+
+* whole row: a [ROWS, next_pow2(N)] tile in registers, one read of everything;
+* whole row read twice (backward, ``reread``): the second read, for dx, comes from L1/L2, which
+  leaves the registers to the dw/db accumulators (rows of ~8-16K elements);
+* whole row without the prefetch (backward, ``prefetch`` off): the registers of the next row block
+  and of the weight go to the row itself, as a first-shot LLM kernel of the fused backward does at
+  N = 16384. A tuning candidate for N = 8192-16384 (its sm_90a build still spills there), not
+  timed yet;
+* forward, chunked, for rows too wide for registers: pass 1 walks the row in column chunks for the
+  statistics, pass 2 walks it again *backwards* to write y, so that it starts on the chunks pass 1
+  read last, which are still in L2 (a forward walk would start on the ones evicted first); L2
+  eviction hints keep the rows between their two reads (pass 1 evict_last, pass 2 and y
+  evict_first). With one 512 KB row per SM in flight at N = 262144 (more than the L2 holds) they
+  do not suffice: pass 2 then reads much of x from DRAM again. The fused add writes h in pass 1
+  and pass 2 reads h back (one row from L2, not x and residual), after a barrier that orders the
+  other threads' writes of h before the reads;
+* backward, sliced, for rows too wide for registers: each program owns a column slice (``slice``)
+  of a group of rows, so that its dw/db accumulators (slice-wide) stay in registers; the row
+  reductions c1, c2 need the whole row, and come from a first kernel that sums each (row, slice)
+  (``row_sums``: x and dy are read twice from DRAM, 5 units of traffic instead of 3, but both
+  kernels stream at close to the copy bandwidth), or from the program itself streaming the other
+  slices of its rows (read from L2 after a sibling's DRAM read: 3 units, but latency-bound).
+
+The backward is persistent: a grid of a few programs per SM (``programs_per_sm``), each walking a
+contiguous range of row blocks, loading the next block while it computes the current one, and
+accumulating dw / db over its rows in fp32; it writes one partial row, and ``_sum_partials_kernel``
+adds the partials in a fixed order (deterministic, no atomics). Why not one program per wide row
+with its dw/db partial row in global memory, read-added-written per row block: at N = 16384 the
+partial rows (one per SM) and the rows in flight outgrow the L2, so x and dy are read from DRAM
+almost twice and the partials are written back, far more traffic than the problem's own.
+
+Interpreter notes (CI runs these under TRITON_INTERPRET=1): no arithmetic on bf16 values (it is
+silently wrong there), no libdevice (``tl.rsqrt`` instead), no atomics; its fp32 -> bf16 conversion
+truncates, so residual_out is rounded by hand there (``_round_to``).
+
+Measurements behind these choices: docs/kernels/triton.md.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+from harness.spec.contract import contract_functions
+
+from .configs import Config, bucket, choose, for_weight, sm_count
+
+# Running under the CPU interpreter (its fp32 -> bf16 conversion truncates: see ``_round_to``).
+INTERPRETED = tl.constexpr(os.environ.get("TRITON_INTERPRET", "0") == "1")
+
+
+# ==================================================================================== forward
+@triton.jit
+def _rstd(var, eps):
+    """1 / sqrt(var + eps), and NaN where var overflowed fp32 (|x| ~ 1e19 and up: x^2 is inf):
+    rsqrt(inf) = 0 would make y = 0, or the bias, a finite wrong number. torch's LayerNorm gives
+    NaN there; its rms_norm gives 0, which we do not copy."""
+    return tl.where(var == float("inf"), float("nan"), tl.rsqrt(var + eps))
+
+
+@triton.jit
+def _round_to(v, DTYPE: tl.constexpr):
+    """fp32 -> DTYPE, rounded to nearest even. The GPU's conversion does this; the interpreter's
+    fp32 -> bf16 truncates, which would make residual_out differ from the unfused model's by an ulp
+    on the CPU, so there bf16 is rounded with integer arithmetic (NaN kept NaN)."""
+    if INTERPRETED and DTYPE == tl.bfloat16:
+        bits = v.to(tl.uint32, bitcast=True)
+        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
+        out = tl.where(v == v, bits, 0x7FC0).to(tl.uint16).to(tl.bfloat16, bitcast=True)
+    else:
+        out = v.to(DTYPE)
+    return out
+
+
+@triton.jit
+def _load_input(x_ptrs, r_ptrs, h_ptrs, mask, HAS_RESIDUAL: tl.constexpr, LAST_USE: tl.constexpr, KEEP: tl.constexpr):
+    """The forward's first read of a tile, in fp32: x, or for the fused add h = x + r, summed in
+    fp32, rounded once to x's dtype and stored (residual_out), and returned *as stored*, so that the
+    statistics and y are those of rmsnorm(residual_out). Eviction hints: KEEP for what is read again
+    (x, or h as written), LAST_USE for x and r when h replaces them."""
+    if HAS_RESIDUAL:
+        x = tl.load(x_ptrs, mask=mask, other=0.0, eviction_policy=LAST_USE).to(tl.float32)
+        r = tl.load(r_ptrs, mask=mask, other=0.0, eviction_policy=LAST_USE).to(tl.float32)
+        v = _round_to(x + r, h_ptrs.dtype.element_ty)
+        tl.store(h_ptrs, v, mask=mask, eviction_policy=KEEP)
+    else:
+        v = tl.load(x_ptrs, mask=mask, other=0.0, eviction_policy=KEEP)
+    return v.to(tl.float32)
+
+
+@triton.jit
+def _affine(y, W, B, cols, col_mask, HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr):
+    """y * w (+ b), with w and b loaded in their own dtype (x's or fp32) and upcast."""
+    if HAS_WEIGHT:
+        y = y * tl.load(W + cols, mask=col_mask, other=0.0).to(tl.float32)[None, :]
+    if HAS_BIAS:
+        y = y + tl.load(B + cols, mask=col_mask, other=0.0).to(tl.float32)[None, :]
+    return y
+
+
+@triton.jit(do_not_specialize=["M", "eps"])
+def _norm_fwd_row_kernel(
+    X, R, W, B, Y, H, MEAN, RSTD,
+    M, N, stride_x, stride_r, stride_y, stride_h, eps,
+    LAYERNORM: tl.constexpr, HAS_RESIDUAL: tl.constexpr, HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr,
+    ROWS: tl.constexpr, BLOCK_N: tl.constexpr, EXACT_N: tl.constexpr,
+):  # fmt: skip
+    if EXACT_N:  # Config.exact_n: N known at compile time, the masks of whole vectors fold away
+        N = EXACT_N
+    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    cols = tl.arange(0, BLOCK_N)
+    row_mask = rows < M
+    mask = row_mask[:, None] & (cols < N)[None, :]
+    rows = rows.to(tl.int64)  # row * stride overflows int32 beyond 2^31 elements
+
+    x = _load_input(X + rows[:, None] * stride_x + cols[None, :], R + rows[:, None] * stride_r + cols[None, :],
+                    H + rows[:, None] * stride_h + cols[None, :], mask, HAS_RESIDUAL, "", "")  # fmt: skip
+    if LAYERNORM:
+        mean = tl.sum(x, axis=1) / N
+        # centre in registers before squaring (two-pass variance): E[x^2] - E[x]^2 cancels badly
+        x = tl.where(mask, x - mean[:, None], 0.0)
+        tl.store(MEAN + rows, mean, mask=row_mask)
+    rstd = _rstd(tl.sum(x * x, axis=1) / N, eps)
+    tl.store(RSTD + rows, rstd, mask=row_mask)
+
+    y = _affine(x * rstd[:, None], W, B, cols, cols < N, HAS_WEIGHT, HAS_BIAS)
+    tl.store(Y + rows[:, None] * stride_y + cols[None, :], y.to(Y.dtype.element_ty), mask=mask)
+
+
+@triton.jit(do_not_specialize=["M", "eps"])
+def _norm_fwd_chunked_kernel(
+    X, R, W, B, Y, H, MEAN, RSTD,
+    M, N, stride_x, stride_r, stride_y, stride_h, eps,
+    LAYERNORM: tl.constexpr, HAS_RESIDUAL: tl.constexpr, HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr,
+    ROWS: tl.constexpr, CHUNK: tl.constexpr,
+):  # fmt: skip
+    n_chunks = tl.cdiv(N, CHUNK)
+    # One row block per program, or several with a persistent grid (``Config.persistent``).
+    for block in range(tl.program_id(0), tl.cdiv(M, ROWS), tl.num_programs(0)):
+        rows = block * ROWS + tl.arange(0, ROWS)
+        row_mask = rows < M
+        rows = rows.to(tl.int64)
+        x_rows = X + rows[:, None] * stride_x
+        r_rows = R + rows[:, None] * stride_r
+        h_rows = H + rows[:, None] * stride_h
+
+        # pass 1: the statistics. evict_last asks L2 to keep the row for pass 2, which reads it
+        # evict_first (its last use) and writes y evict_first too, so that neither pushes out the
+        # rows still waiting for their second read. With the fused add, the row kept is h as
+        # written (one row instead of x and r).
+        if LAYERNORM:
+            # Chan et al.'s merge of per-chunk (mean, sum of squared deviations): no E[x^2] - E[x]^2
+            mean = tl.zeros([ROWS], dtype=tl.float32)
+            m2 = tl.zeros([ROWS], dtype=tl.float32)
+            for c in range(0, n_chunks):
+                cols = c * CHUNK + tl.arange(0, CHUNK)
+                mask = row_mask[:, None] & (cols < N)[None, :]
+                x = _load_input(x_rows + cols[None, :], r_rows + cols[None, :], h_rows + cols[None, :], mask,
+                                HAS_RESIDUAL, "evict_first", "evict_last")  # fmt: skip
+                seen = tl.cast(c * CHUNK, tl.float32)
+                count = tl.cast(tl.minimum(N - c * CHUNK, CHUNK), tl.float32)
+                chunk_mean = tl.sum(x, axis=1) / count
+                dev = tl.where(mask, x - chunk_mean[:, None], 0.0)
+                delta = chunk_mean - mean
+                mean = mean + delta * (count / (seen + count))
+                m2 = m2 + tl.sum(dev * dev, axis=1) + delta * delta * (seen * count / (seen + count))
+            rstd = _rstd(m2 / N, eps)
+            tl.store(MEAN + rows, mean, mask=row_mask)
+        else:
+            sum_sq = tl.zeros([ROWS, CHUNK], dtype=tl.float32)
+            for c in range(0, n_chunks):
+                cols = c * CHUNK + tl.arange(0, CHUNK)
+                mask = row_mask[:, None] & (cols < N)[None, :]
+                x = _load_input(x_rows + cols[None, :], r_rows + cols[None, :], h_rows + cols[None, :], mask,
+                                HAS_RESIDUAL, "evict_first", "evict_last")  # fmt: skip
+                sum_sq += x * x
+            rstd = _rstd(tl.sum(sum_sq, axis=1) / N, eps)
+        tl.store(RSTD + rows, rstd, mask=row_mask)
+        if HAS_RESIDUAL:
+            # pass 2 reads h where other threads of this program may have written it: the barrier
+            # orders those global writes before the reads (CTA scope)
+            tl.debug_barrier()
+            x_rows = h_rows
+
+        # pass 2, last chunk first (still in L2): y
+        for i in range(0, n_chunks):
+            cols = (n_chunks - 1 - i) * CHUNK + tl.arange(0, CHUNK)
+            col_mask = cols < N
+            mask = row_mask[:, None] & col_mask[None, :]
+            x = tl.load(x_rows + cols[None, :], mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
+            if LAYERNORM:
+                x = x - mean[:, None]
+            y = _affine(x * rstd[:, None], W, B, cols, col_mask, HAS_WEIGHT, HAS_BIAS)
+            tl.store(Y + rows[:, None] * stride_y + cols[None, :], y.to(Y.dtype.element_ty), mask=mask,
+                     eviction_policy="evict_first")  # fmt: skip
+
+
+def launch_fwd(cfg: Config, x, weight, bias, eps, layernorm: bool, y, mean, rstd, residual=None, residual_out=None):
+    """Run the forward with ``cfg`` into y / mean / rstd (and residual_out = x + residual when a
+    residual is given); returns the compiled kernel (its ``n_regs`` and ``n_spills`` are the
+    compiler's report)."""
+    M, N = x.shape
+    grid = triton.cdiv(M, cfg.rows)
+    if cfg.chunk and cfg.persistent:
+        grid = min(grid, cfg.programs_per_sm * sm_count(x.device))
+    kernel, width = (_norm_fwd_chunked_kernel, cfg.chunk) if cfg.chunk else (_norm_fwd_row_kernel, bucket(N))
+    exact = () if cfg.chunk else (N if cfg.exact_n else 0,)
+    fused = residual is not None
+    r, h = (residual, residual_out) if fused else (x, y)
+    return kernel[(grid,)](  # x, y in place of absent tensors: never touched
+        x, r, x if weight is None else weight, x if bias is None else bias, y, h, mean, rstd,
+        M, N, x.stride(0), r.stride(0), y.stride(0), h.stride(0), eps,
+        layernorm, fused, weight is not None, bias is not None,
+        cfg.rows, width, *exact, num_warps=cfg.warps,
+    )  # fmt: skip
+
+
+def op_name(layernorm: bool, fused_add: bool) -> str:
+    """The op whose configs a launch uses (``configs.choose``)."""
+    return "layernorm" if layernorm else "add_rmsnorm" if fused_add else "rmsnorm"
+
+
+def norm_fwd(x, weight, bias, eps, layernorm: bool, config: Config | None = None, residual=None):
+    """(y, mean or None, rstd, residual_out or None); with ``residual``, the norm of x + residual
+    (residual_out, as stored). ``config`` overrides the pinned/heuristic choice."""
+    M, N = x.shape
+    y = torch.empty((M, N), dtype=x.dtype, device=x.device)
+    h = torch.empty((M, N), dtype=x.dtype, device=x.device) if residual is not None else None
+    rstd = torch.empty(M, dtype=torch.float32, device=x.device)
+    mean = torch.empty(M, dtype=torch.float32, device=x.device) if layernorm else rstd  # unused for RMSNorm
+
+    def launch(cfg: Config):
+        return launch_fwd(cfg, x, weight, bias, eps, layernorm, y, mean, rstd, residual, h)
+
+    launch(config or choose(op_name(layernorm, h is not None), "fwd", N, x.device, launch, x.dtype))
+    return y, (mean if layernorm else None), rstd, h
+
+
+# =================================================================================== backward
+@triton.jit
+def _row_block_range(M, ROWS: tl.constexpr, worker, workers):
+    """Worker ``worker``'s contiguous range of row blocks out of ``workers``: as even as possible
+    (sizes differ by at most one), so no program idles while another finishes a double share."""
+    n_blocks = tl.cdiv(M, ROWS)
+    share = n_blocks // workers
+    extra = n_blocks % workers
+    first = worker * share + tl.minimum(worker, extra)
+    return first, first + share + (worker < extra).to(tl.int32)
+
+
+@triton.jit(do_not_specialize=["M"])
+def _norm_bwd_row_kernel(
+    DY, X, W, MEAN, RSTD, DRES, DX, DW_PARTIAL, DB_PARTIAL,
+    M, N, stride_dy, stride_x, stride_dres, stride_dx,
+    LAYERNORM: tl.constexpr, HAS_WEIGHT: tl.constexpr, HAS_DRESIDUAL: tl.constexpr,
+    ROWS: tl.constexpr, BLOCK_N: tl.constexpr, REREAD: tl.constexpr, EXACT_N: tl.constexpr,
+    PREFETCH: tl.constexpr,
+):  # fmt: skip
+    if EXACT_N:  # Config.exact_n (see the forward)
+        N = EXACT_N
+    cols = tl.arange(0, BLOCK_N)
+    col_mask = cols < N
+    if HAS_WEIGHT:
+        w = tl.load(W + cols, mask=col_mask, other=0.0).to(tl.float32)
+    if REREAD or not PREFETCH:
+        w_cols = W + cols  # re-read each row instead (L1-resident): its registers go to dw
+    dw = tl.zeros([BLOCK_N], dtype=tl.float32)
+    db = tl.zeros([BLOCK_N], dtype=tl.float32)
+
+    first, last = _row_block_range(M, ROWS, tl.program_id(0), tl.num_programs(0))
+    end = tl.minimum(M, last * ROWS)  # rows from here on are the next program's
+    # Software pipelining by hand (PREFETCH): the next block's loads are issued before this block's
+    # math, so a program always has a block in flight while it computes. The prefetched values wait
+    # in registers in their storage dtype (for bf16, half the registers of the fp32 math). Without
+    # it, those registers go to a wider row (a whole 16384-wide row per program, as a first-shot
+    # LLM kernel does) and the other programs of the SM hide the latency.
+    rows = first * ROWS + tl.arange(0, ROWS)
+    if PREFETCH:
+        row_mask = rows < end
+        mask = row_mask[:, None] & col_mask[None, :]
+        x_next = tl.load(X + rows.to(tl.int64)[:, None] * stride_x + cols[None, :], mask=mask, other=0.0)
+        dy_next = tl.load(DY + rows.to(tl.int64)[:, None] * stride_dy + cols[None, :], mask=mask, other=0.0)
+        rstd_next = tl.load(RSTD + rows, mask=row_mask, other=0.0)
+        mean_next = tl.load(MEAN + rows, mask=row_mask, other=0.0) if LAYERNORM else rstd_next
+    for block in range(first, last):
+        if PREFETCH:
+            x, dy, rstd, mean = x_next.to(tl.float32), dy_next.to(tl.float32), rstd_next, mean_next
+        mask = (rows < end)[:, None] & col_mask[None, :]
+        x_ptrs = X + rows.to(tl.int64)[:, None] * stride_x + cols[None, :]
+        dy_ptrs = DY + rows.to(tl.int64)[:, None] * stride_dy + cols[None, :]
+        dres_ptrs = DRES + rows.to(tl.int64)[:, None] * stride_dres + cols[None, :]
+        dx_ptrs = DX + rows.to(tl.int64)[:, None] * stride_dx + cols[None, :]
+        if not PREFETCH:
+            x = tl.load(x_ptrs, mask=mask, other=0.0).to(tl.float32)
+            dy = tl.load(dy_ptrs, mask=mask, other=0.0).to(tl.float32)
+            rstd = tl.load(RSTD + rows, mask=rows < end, other=0.0)
+            mean = tl.load(MEAN + rows, mask=rows < end, other=0.0) if LAYERNORM else rstd
+
+        rows += ROWS
+        if PREFETCH:
+            row_mask = rows < end
+            next_mask = row_mask[:, None] & col_mask[None, :]
+            x_next = tl.load(x_ptrs + ROWS * stride_x, mask=next_mask, other=0.0)
+            dy_next = tl.load(dy_ptrs + ROWS * stride_dy, mask=next_mask, other=0.0)
+            rstd_next = tl.load(RSTD + rows, mask=row_mask, other=0.0)
+            mean_next = tl.load(MEAN + rows, mask=row_mask, other=0.0) if LAYERNORM else rstd_next
+
+        if (REREAD or not PREFETCH) and HAS_WEIGHT:
+            w = tl.load(w_cols, mask=col_mask, other=0.0).to(tl.float32)
+        if LAYERNORM:
+            x = x - mean[:, None]
+        xhat = x * rstd[:, None]  # padding lanes hold junk here, but dy (hence g) is 0 there
+        g = dy * w[None, :] if HAS_WEIGHT else dy
+        c1 = tl.sum(g * xhat, axis=1) / N
+        if LAYERNORM:
+            c2 = tl.sum(g, axis=1) / N
+        if REREAD:
+            # Rows too wide to keep x, dy and the accumulators in registers together: read the row
+            # again (it was read a moment ago: L1/L2 hits, no DRAM traffic) rather than spill.
+            # evict_first marks the last use; it also keeps the compiler from reusing the first read.
+            x = tl.load(x_ptrs, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
+            dy = tl.load(dy_ptrs, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
+            if LAYERNORM:
+                x = x - mean[:, None]
+            xhat = x * rstd[:, None]
+            if HAS_WEIGHT:
+                g = dy * tl.load(w_cols, mask=col_mask, other=0.0).to(tl.float32)[None, :]
+            else:
+                g = dy
+        if LAYERNORM:
+            dx = (g - xhat * c1[:, None] - c2[:, None]) * rstd[:, None]
+            db += tl.sum(dy, axis=0)
+        else:
+            dx = (g - xhat * c1[:, None]) * rstd[:, None]
+        if HAS_DRESIDUAL:
+            # the fused add's dresidual_out, added before dx's single rounding. Loaded here, not
+            # prefetched with x and dy: built for sm_90a (``sm90a_build``), a variant prefetching
+            # it took N = 4096 (8 warps) from 99 to 150 registers, one program per SM where the
+            # config launches two.
+            dx += tl.load(dres_ptrs, mask=mask, other=0.0).to(tl.float32)
+        if HAS_WEIGHT:
+            dw += tl.sum(dy * xhat, axis=0)
+        tl.store(dx_ptrs, dx.to(DX.dtype.element_ty), mask=mask)
+
+    partial = tl.program_id(0).to(tl.int64) * N + cols
+    if HAS_WEIGHT:
+        tl.store(DW_PARTIAL + partial, dw, mask=col_mask)
+    if LAYERNORM:
+        tl.store(DB_PARTIAL + partial, db, mask=col_mask)
+
+
+@triton.jit
+def _row_terms(X, DY, W, rows, row_mask, cols, col_mask, stride_x, stride_dy, mean,
+               LAYERNORM: tl.constexpr, HAS_WEIGHT: tl.constexpr):  # fmt: skip
+    """The [rows, cols] tiles of g * (x - mean) and g, whose row sums times rstd / N and / N are c1
+    and c2. Centring by the given mean keeps the sum of a long row from cancelling."""
+    mask = row_mask[:, None] & col_mask[None, :]
+    x = tl.load(X + rows[:, None] * stride_x + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    dy = tl.load(DY + rows[:, None] * stride_dy + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    if LAYERNORM:
+        x = tl.where(mask, x - mean[:, None], 0.0)
+    if HAS_WEIGHT:
+        dy = dy * tl.load(W + cols, mask=col_mask, other=0.0).to(tl.float32)[None, :]
+    return dy * x, dy
+
+
+@triton.jit(do_not_specialize=["M"])
+def _norm_bwd_row_sums_kernel(
+    DY, X, W, MEAN, ROW_SUMS,
+    M, N, stride_dy, stride_x,
+    LAYERNORM: tl.constexpr, HAS_WEIGHT: tl.constexpr,
+    ROWS: tl.constexpr, SLICE: tl.constexpr, SLICES: tl.constexpr,
+):  # fmt: skip
+    """Pass 1 of the two-kernel backward: ROW_SUMS[k, row, slice] = the row sum over one column
+    slice of ``_row_terms``' k-th tile (k = 0: g * (x - mean), k = 1: g), one tile per program."""
+    me = tl.program_id(0) % SLICES
+    rows = (tl.program_id(0) // SLICES) * ROWS + tl.arange(0, ROWS)
+    row_mask = rows < M
+    cols = me * SLICE + tl.arange(0, SLICE)
+    mean = tl.load(MEAN + rows, mask=row_mask, other=0.0) if LAYERNORM else tl.zeros([ROWS], dtype=tl.float32)
+    rows = rows.to(tl.int64)
+    gxc, g = _row_terms(X, DY, W, rows, row_mask, cols, cols < N, stride_x, stride_dy, mean, LAYERNORM, HAS_WEIGHT)
+    tl.store(ROW_SUMS + rows * SLICES + me, tl.sum(gxc, axis=1), mask=row_mask)
+    if LAYERNORM:
+        tl.store(ROW_SUMS + (M + rows) * SLICES + me, tl.sum(g, axis=1), mask=row_mask)
+
+
+@triton.jit(do_not_specialize=["M"])
+def _norm_bwd_slice_kernel(
+    DY, X, W, MEAN, RSTD, ROW_SUMS, DRES, DX, DW_PARTIAL, DB_PARTIAL,
+    M, N, stride_dy, stride_x, stride_dres, stride_dx,
+    LAYERNORM: tl.constexpr, HAS_WEIGHT: tl.constexpr, HAS_DRESIDUAL: tl.constexpr,
+    ROWS: tl.constexpr, SLICE: tl.constexpr, SLICES: tl.constexpr, SLICES_P2: tl.constexpr,
+    SUMS_GIVEN: tl.constexpr, STREAM: tl.constexpr,
+):  # fmt: skip
+    """The backward for rows too wide for one program's registers. Each program owns one column
+    slice of the rows of its row group: dx, and dw / db for its slice, accumulated in registers
+    over the group's rows like the row kernel's. The row reductions need the whole row; they come
+    from ``_norm_bwd_row_sums_kernel``'s per-slice sums (``SUMS_GIVEN``), or from the other slices,
+    streamed here in tiles of STREAM columns.
+
+    Streaming reads every row SLICES times, once from DRAM and then from L2: the SLICES siblings of
+    a row group are adjacent program ids, resident together and walking the same rows in step:
+    x and dy come from DRAM once, but each row waits for its L2 round trips, which made it slower
+    than the two-kernel way where it was timed."""
+    me = tl.program_id(0) % SLICES
+    group = tl.program_id(0) // SLICES
+    first, last = _row_block_range(M, ROWS, group, tl.num_programs(0) // SLICES)
+    end = tl.minimum(M, last * ROWS)
+    cols = me * SLICE + tl.arange(0, SLICE)
+    col_mask = cols < N
+    dw = tl.zeros([SLICE], dtype=tl.float32)
+    db = tl.zeros([SLICE], dtype=tl.float32)
+
+    # the own slice of the next row block is loaded while this one is computed (see the row kernel)
+    rows = first * ROWS + tl.arange(0, ROWS)
+    mask = (rows < end)[:, None] & col_mask[None, :]
+    x_next = tl.load(X + rows.to(tl.int64)[:, None] * stride_x + cols[None, :], mask=mask, other=0.0)
+    dy_next = tl.load(DY + rows.to(tl.int64)[:, None] * stride_dy + cols[None, :], mask=mask, other=0.0)
+    for block in range(first, last):
+        row_mask = rows < end
+        mask = row_mask[:, None] & col_mask[None, :]
+        rows64 = rows.to(tl.int64)
+        rstd = tl.load(RSTD + rows, mask=row_mask, other=0.0)
+        mean = tl.load(MEAN + rows, mask=row_mask, other=0.0) if LAYERNORM else tl.zeros([ROWS], dtype=tl.float32)
+        if SUMS_GIVEN:
+            # added in slice order, whichever program computed them: deterministic
+            k = tl.arange(0, SLICES_P2)
+            sums = ROW_SUMS + rows64[:, None] * SLICES + k[None, :]
+            sums_mask = row_mask[:, None] & (k < SLICES)[None, :]
+            sum_gxc = tl.sum(tl.load(sums, mask=sums_mask, other=0.0), axis=1)
+            if LAYERNORM:
+                sum_g = tl.sum(tl.load(sums + M * SLICES, mask=sums_mask, other=0.0), axis=1)
+        else:
+            # The other slices first, while this block's own slice still waits in its storage dtype
+            # (half the registers of fp32), in tiles of STREAM columns summed lane-wise.
+            acc_gxc = tl.zeros([ROWS, STREAM], dtype=tl.float32)
+            acc_g = tl.zeros([ROWS, STREAM], dtype=tl.float32)
+            for j in range(SLICE // STREAM, SLICES * SLICE // STREAM):  # from the next slice on, wrapping
+                other = (me * SLICE + j * STREAM) % (SLICES * SLICE) + tl.arange(0, STREAM)
+                gxc, g_other = _row_terms(X, DY, W, rows64, row_mask, other, other < N, stride_x, stride_dy,
+                                          mean, LAYERNORM, HAS_WEIGHT)  # fmt: skip
+                acc_gxc += gxc
+                acc_g += g_other  # (dead code for RMSNorm, dropped by the compiler)
+            sum_gxc = tl.sum(acc_gxc, axis=1)
+            sum_g = tl.sum(acc_g, axis=1)
+
+        x, dy = x_next.to(tl.float32), dy_next.to(tl.float32)
+        next_mask = (rows + ROWS < end)[:, None] & col_mask[None, :]
+        x_next = tl.load(X + (rows64 + ROWS)[:, None] * stride_x + cols[None, :], mask=next_mask, other=0.0)
+        dy_next = tl.load(DY + (rows64 + ROWS)[:, None] * stride_dy + cols[None, :], mask=next_mask, other=0.0)
+        if LAYERNORM:
+            x = x - mean[:, None]
+        if HAS_WEIGHT:  # re-read per block (an L1 hit) rather than held: its registers go to dw / db
+            g = dy * tl.load(W + cols, mask=col_mask, other=0.0).to(tl.float32)[None, :]
+        else:
+            g = dy
+        if not SUMS_GIVEN:
+            sum_gxc += tl.sum(g * x, axis=1)  # padding lanes: g is 0 there
+            sum_g += tl.sum(g, axis=1)
+        xhat = x * rstd[:, None]
+        c1 = sum_gxc * rstd / N
+        if LAYERNORM:
+            dx = (g - xhat * c1[:, None] - (sum_g / N)[:, None]) * rstd[:, None]
+            db += tl.sum(dy, axis=0)
+        else:
+            dx = (g - xhat * c1[:, None]) * rstd[:, None]
+        if HAS_DRESIDUAL:  # (not prefetched: see the row kernel)
+            dx += tl.load(DRES + rows64[:, None] * stride_dres + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+        if HAS_WEIGHT:
+            dw += tl.sum(dy * xhat, axis=0)
+        tl.store(DX + rows64[:, None] * stride_dx + cols[None, :], dx.to(DX.dtype.element_ty), mask=mask)
+        rows += ROWS
+
+    partial = group.to(tl.int64) * N + cols
+    if HAS_WEIGHT:
+        tl.store(DW_PARTIAL + partial, dw, mask=col_mask)
+    if LAYERNORM:
+        tl.store(DB_PARTIAL + partial, db, mask=col_mask)
+
+
+@triton.jit
+def _sum_partials_kernel(PARTIALS, OUT, P, N, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr):
+    """OUT[k, :] = sum over p of PARTIALS[k, p, :], in fp32, always in the same order."""
+    cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    k = tl.program_id(1).to(tl.int64)
+    acc = tl.zeros([BLOCK_P, BLOCK_N], dtype=tl.float32)
+    for p0 in range(0, P, BLOCK_P):
+        p = p0 + tl.arange(0, BLOCK_P)
+        mask = (p < P)[:, None] & (cols < N)[None, :]
+        acc += tl.load(PARTIALS + (k * P + p[:, None]) * N + cols[None, :], mask=mask, other=0.0)
+    tl.store(OUT + k * N + cols, tl.sum(acc, axis=0).to(OUT.dtype.element_ty), mask=cols < N)
+
+
+def launch_bwd(cfg: Config, dy, x, weight, mean, rstd, layernorm: bool, dx, sums, dresidual=None):
+    """Run the backward with ``cfg`` into dx (plus ``dresidual`` when given) and ``sums`` (rows: dw
+    if weight, then db if layernorm); returns the compiled main kernel (see ``launch_fwd``)."""
+    M, N = x.shape
+    dres = x if dresidual is None else dresidual  # x: a placeholder, never read
+    n_sums = sums.shape[0]
+    w = x if weight is None else weight  # x, rstd: placeholders, never read
+    mean = rstd if mean is None else mean
+    slices = triton.cdiv(N, cfg.slice) if cfg.slice else 1
+    # one partial row of dw / db per program, or per row group of the slice kernel
+    partial_rows = min(triton.cdiv(M, cfg.rows), max(1, cfg.programs_per_sm * sm_count(x.device) // slices))
+    partials = torch.empty((max(n_sums, 1), partial_rows, N), dtype=torch.float32, device=x.device)
+    if cfg.slice:
+        row_sums = rstd  # never read unless the first kernel fills it
+        if cfg.row_sums:
+            row_sums = torch.empty((2, M, slices), dtype=torch.float32, device=x.device)
+            grid = (slices * triton.cdiv(M, cfg.rows),)
+            _norm_bwd_row_sums_kernel[grid](
+                dy, x, w, mean, row_sums, M, N, dy.stride(0), x.stride(0),
+                layernorm, weight is not None, cfg.rows, cfg.slice, slices, num_warps=cfg.warps,
+            )  # fmt: skip
+        compiled = _norm_bwd_slice_kernel[(partial_rows * slices,)](
+            dy, x, w, mean, rstd, row_sums, dres, dx, partials[0], partials[n_sums - 1],
+            M, N, dy.stride(0), x.stride(0), dres.stride(0), dx.stride(0),
+            layernorm, weight is not None, dresidual is not None,
+            cfg.rows, cfg.slice, slices, triton.next_power_of_2(slices), cfg.row_sums, min(cfg.chunk or cfg.slice, cfg.slice),
+            num_warps=cfg.warps,
+        )  # fmt: skip
+    else:
+        args = (
+            dy, x, w, mean, rstd, dres, dx, partials[0], partials[n_sums - 1],
+            M, N, dy.stride(0), x.stride(0), dres.stride(0), dx.stride(0),
+            layernorm, weight is not None, dresidual is not None, cfg.rows,
+        )  # fmt: skip
+        compiled = _norm_bwd_row_kernel[(partial_rows,)](
+            *args, bucket(N), cfg.reread, N if cfg.exact_n else 0, cfg.prefetch, num_warps=cfg.warps
+        )  # fmt: skip
+    if n_sums:
+        if x.is_cuda:
+            # narrow column strips, so that even N = 1024 spreads over dozens of SMs: a handful of
+            # programs each walking all the partials would cost as much as the main kernel
+            block_n = min(max(bucket(N) // 256, 16), 256)
+            block_p = 4096 // block_n
+        else:  # the interpreter pays per program and per operation, not per element
+            block_n, block_p = min(bucket(N), 16384), 16
+        grid = (triton.cdiv(N, block_n), n_sums)
+        _sum_partials_kernel[grid](partials, sums, partial_rows, N, block_p, block_n, num_warps=4)
+    return compiled
+
+
+def norm_bwd(dy, x, weight, mean, rstd, layernorm: bool, config: Config | None = None, dresidual=None):
+    """(dx, dw or None, db or None); dx + ``dresidual`` when given (the fused add's dh). dw and db
+    come back in the weight's dtype (x's without a weight). ``config`` overrides the
+    pinned/heuristic choice."""
+    M, N = x.shape
+    has_weight = weight is not None
+    dx = torch.empty((M, N), dtype=x.dtype, device=x.device)
+    n_sums = int(has_weight) + int(layernorm)
+    sums = torch.empty((n_sums, N), dtype=weight.dtype if has_weight else x.dtype, device=x.device)
+
+    def launch(cfg: Config):
+        return launch_bwd(cfg, dy, x, weight, mean, rstd, layernorm, dx, sums, dresidual)
+
+    if config is None:
+        config = choose(op_name(layernorm, dresidual is not None), "bwd", N, x.device, launch, x.dtype)
+        config = for_weight(config, "bwd", weight.dtype if has_weight else x.dtype, x.dtype)
+    launch(config)
+    dw = sums[0] if has_weight else None
+    db = sums[n_sums - 1] if layernorm else None
+    return dx, dw, db
+
+
+# ============================================================================ the contract
+def contract(fwd_config: Config | None = None, bwd_config: Config | None = None):
+    """The six contract functions, on the pinned/heuristic configs or on the given ones (what
+    ``normbench tune`` checks and times each candidate with)."""
+
+    def fwd(x, residual, weight, bias, eps, layernorm):
+        y, mean, rstd, residual_out = norm_fwd(x, weight, bias, eps, layernorm, fwd_config, residual)
+        return y, residual_out, mean, rstd
+
+    def bwd(dy, dresidual_out, x, weight, mean, rstd, layernorm):
+        return norm_bwd(dy, x, weight, mean, rstd, layernorm, bwd_config, dresidual_out)
+
+    return contract_functions(fwd, bwd)
+
+
+(rmsnorm_fwd, rmsnorm_bwd, layernorm_fwd, layernorm_bwd, add_rmsnorm_fwd, add_rmsnorm_bwd) = contract()
