@@ -25,14 +25,42 @@ OP_HELP = f"{', '.join(OPS)} (comma-separated; default: all)"
 REPORTS_HELP = "where the current report of each GPU is (reports/<gpu>/) when no folder is given (default: reports)"
 
 
+def _shown(text: str, limit: int = 60) -> str:
+    """Text from the command line as one line of an error (a newline in it would start another)."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text[:limit])
+
+
 def _split(value: str | None, allowed, what: str) -> list[str]:
     if value is None:
         return list(allowed)
     items = [v.strip() for v in value.split(",") if v.strip()]
     bad = [v for v in items if v not in allowed]
     if bad or not items:
-        raise UsageError(f"unknown {what} '{','.join(bad) or value}'; choose from {', '.join(allowed)}")
+        raise UsageError(f"unknown {what} '{_shown(','.join(bad) or value)}'; choose from {', '.join(allowed)}")
     return items
+
+
+def _impl_globs(value: str) -> str:
+    """--impl: at least one glob (an empty one would select every implementation, as no --impl does)."""
+    globs = [p.strip() for p in value.split(",") if p.strip()]
+    if not globs:
+        raise argparse.ArgumentTypeError(f"'{_shown(value)}' names no implementation; give globs over names or DSLs, or leave --impl out for all")
+    if any(not c.isprintable() or c.isspace() for g in globs for c in g):  # no name holds one
+        raise argparse.ArgumentTypeError(f"'{_shown(value)}': a glob holds a space or a control character")
+    return ",".join(globs)
+
+
+SEED_LIMIT = 2**63  # torch's generators take seeds below 2**64 and fold negative ones onto them
+
+
+def _seed(value: str) -> int:
+    try:
+        seed = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got '{_shown(value)}'") from None
+    if not 0 <= seed < SEED_LIMIT:
+        raise argparse.ArgumentTypeError(f"must be an integer from 0 to 2**63 - 1, got {_shown(value.strip())}")
+    return seed
 
 
 def _default_device() -> str:
@@ -213,6 +241,8 @@ def _shape_sets(value: str | None, device: str):
         names = ["smoke", "edge"] if device == "cpu" else ["smoke", "edge", "decode"]
     else:
         names = [v.strip() for v in value.split(",") if v.strip()]
+        if not names:  # as an empty --op: refused, not a run of nothing
+            raise UsageError(f"--shapes '{_shown(value)}' names no shape set; choose from {', '.join(SHAPE_SETS)} or a shape like 4096x8192")
     out = []
     for nm in names:
         # 'sweep@5120-' keeps the set's name (and so its place in reports and --resume) for the
@@ -230,7 +260,7 @@ def _shape_sets(value: str | None, device: str):
             out.append(("custom", (_shape(nm),)))
         else:
             raise UsageError(
-                f"unknown shape set '{nm}'; choose from {', '.join(SHAPE_SETS)}, a range of one ('sweep@5120-', "
+                f"unknown shape set '{_shown(nm)}'; choose from {', '.join(SHAPE_SETS)}, a range of one ('sweep@5120-', "
                 "'sweep@-4096') or a shape like 4096x8192"
             )
     return out
@@ -252,11 +282,15 @@ def cmd_check(a) -> int:
     sets = _shape_sets(a.shapes, device)
     json_path = _output_file(a.json, "--json")
     command = "normbench " + " ".join(shlex.quote(x) for x in sys.argv[1:])
+    # the invariance probes' dtypes: those asked for, else their own (bf16 and fp32)
+    invariance = ({"dtypes": dtypes} if a.dtype else {}) if a.invariance else None
     outcome = check.run(select(a.impl), ops, dirs, dtypes, sets, device, seed=a.seed, weights=a.weights,
-                        overflow=a.overflow, quiet=a.quiet)  # fmt: skip
+                        overflow=a.overflow, quiet=a.quiet, invariance=invariance)  # fmt: skip
     check.print_summary(outcome, _console())
     if json_path:
         check.write_json(outcome, json_path, command)
+    if outcome.interrupted:
+        return 130
     if outcome.nothing_checked:
         print(f"normbench: check: nothing was checked on {device}: every selected point was skipped ({'; '.join(outcome.skip_reasons())})", file=sys.stderr)
         return 1
@@ -559,6 +593,12 @@ def cmd_model(a) -> int:
 _DELEGATES = {"tritonbench": "harness.tools.tritonbench", "generate": "impls.llm.generate"}
 
 
+def cmd_new(a) -> int:
+    from harness.tools import new
+
+    return new.main(a.name, a.dsl)
+
+
 def cmd_delegate(module: str):
     def run(a) -> int:
         import importlib
@@ -578,14 +618,15 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
 
     s = sub.add_parser("list", help="every implementation, whether it runs here and why not")
-    s.add_argument("--json", action="store_true", help="print the records as JSON")
-    s.add_argument("--markdown", action="store_true", help="the README's implementation table")
-    s.add_argument("--update-readme", action="store_true", help="regenerate the table in README.md")
+    out = s.add_mutually_exclusive_group()  # each is a different output: two would print one and drop the other
+    out.add_argument("--json", action="store_true", help="print the records as JSON")
+    out.add_argument("--markdown", action="store_true", help="the README's implementation table")
+    out.add_argument("--update-readme", action="store_true", help="regenerate the table in README.md")
     s.add_argument("--readme", default="README.md", help="the README --update-readme rewrites (default: README.md)")
     s.set_defaults(fn=cmd_list)
 
     def common(s, directions=DIRECTIONS):
-        s.add_argument("--impl", help=IMPL_HELP)
+        s.add_argument("--impl", type=_impl_globs, help=IMPL_HELP)
         s.add_argument("--op", help=OP_HELP)
         s.add_argument("--weights", help=f"the parameters: {', '.join(WEIGHTS)} (fp32 beside 16-bit x; Gemma's 1 + w) (comma-separated for bench)")
         s.add_argument("--direction", help=f"{', '.join(directions)} (comma-separated)")
@@ -596,16 +637,20 @@ def build_parser() -> argparse.ArgumentParser:
     common(s)
     s.add_argument("--device", help="cpu or cuda (default: cuda if available)")
     s.add_argument("--json", metavar="FILE", help="write every result as JSON")
-    s.add_argument("--seed", type=int, default=0, help="seed of the drawn inputs (default: 0)")
+    s.add_argument("--seed", type=_seed, default=0, help="seed of the drawn inputs, 0 to 2**63 - 1 (default: 0)")
     s.add_argument("--quiet", action="store_true", help="no progress bar or progress lines")
-    s.add_argument("--overflow", action="store_true", help="inputs whose squares overflow fp32 (NaN accepted)")
+    s.add_argument("--overflow", action="store_true",
+                   help="every selected point on inputs whose squares overflow fp32 (NaN accepted); without it the edge set brings the overflow shapes along")
+    s.add_argument("--invariance", action="store_true",
+                   help="also probe batch invariance (fwd, bwd) and determinism of every implementation and op: a table, and the key 'invariance' of --json")
     s.set_defaults(fn=cmd_check, weights="same")
 
     s = sub.add_parser("bench", help="check, then time against the copy roofline (GPU)")
     common(s, ("fwd", "bwd", "fwdbwd"))
     s.add_argument("--out", help="report folder (default: runs/<gpu>/<date>; merge it into reports/<gpu> with `normbench merge`)")
-    s.add_argument("--resume", action="store_true", help="skip points already in the folder's results.jsonl")
-    s.add_argument("--overwrite", action="store_true", help="start over in a folder that holds results (they are deleted)")
+    again = s.add_mutually_exclusive_group()
+    again.add_argument("--resume", action="store_true", help="skip points already in the folder's results.jsonl (same GPU only)")
+    again.add_argument("--overwrite", action="store_true", help="start over in a folder that holds results (they are deleted, with the report, plots and counters)")
     s.add_argument("--profile", action="store_true", help="then `normbench profile` the folder (Nsight Compute counters)")
     s.add_argument("--profile-n", default="4096,16384,262144", help="row lengths N that --profile measures (default: 4096,16384,262144)")
     s.add_argument("--rep-ms", type=int, default=100, help="time budget of each trial's repetitions (do_bench rep)")
@@ -638,7 +683,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(fn=cmd_merge)
 
     s = sub.add_parser("overhead", help="host time per call (contract functions, autograd fwd+bwd) on a tiny shape")
-    s.add_argument("--impl", help=IMPL_HELP)
+    s.add_argument("--impl", type=_impl_globs, help=IMPL_HELP)
     s.add_argument("--op", help=OP_HELP)
     s.add_argument("--shape", default="4x4096", help="a shape small enough that the GPU waits for the host (default: 4x4096)")
     s.add_argument("--dtype", default="bf16", choices=tuple(DTYPES), help="the dtype (default: bf16)")
@@ -651,7 +696,7 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("profile", help="Nsight Compute counters for benchmarked points: DRAM bytes vs the bytes model (GPU)")
     s.add_argument("dir", nargs="?", help="benchmark folder (default: this GPU's current report, reports/<gpu>/)")
     s.add_argument("--reports", default="reports", help=REPORTS_HELP)
-    s.add_argument("--impl", help="glob(s) over implementation names or DSLs (default: the best of each DSL)")
+    s.add_argument("--impl", type=_impl_globs, help="glob(s) over implementation names or DSLs (default: the best of each DSL)")
     s.add_argument("--op", help=OP_HELP)
     s.add_argument("--direction", help="fwd, bwd, fwdbwd (comma-separated)")
     s.add_argument("--n", help="row lengths N of the sweep points to profile (default: 4096,16384,262144)")
@@ -660,7 +705,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(fn=cmd_profile)
 
     s = sub.add_parser("tune", help="offline tuning for implementations that pin configs (GPU)")
-    s.add_argument("--impl", required=True, help="glob(s) over implementation names or DSLs; those with a tune hook are tuned")
+    s.add_argument("--impl", required=True, type=_impl_globs, help="glob(s) over implementation names or DSLs; those with a tune hook are tuned")
     s.add_argument("--op", help=OP_HELP)
     s.add_argument("--shapes", help="shape set(s) or MxN to tune for (default: sweep)")
     s.add_argument("--dtype", help="the dtype to tune for (default: bf16)")
@@ -679,7 +724,7 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("model", help="train a Hugging Face model with its own norms and each implementation's: agreement, step time")
     s.add_argument("--arch", default="llama", help="llama, qwen3, gemma3, gpt2, mistral, qwen2 (comma-separated; default: llama)")
     s.add_argument("--size", default="tiny", choices=("tiny", "small", "1b"), help="model size: tiny (CI), small (4 layers, hidden 2048, 4 x 1024 tokens), 1b")
-    s.add_argument("--impl", help="glob(s) over implementation names or DSLs, comma-separated (default: all)")
+    s.add_argument("--impl", type=_impl_globs, help="glob(s) over implementation names or DSLs, comma-separated (default: all)")
     s.add_argument("--steps", type=int, default=10, help="training steps compared (and per timing trial)")
     s.add_argument("--trials", type=int, help="timing trials (default: 5 on cuda, none on cpu)")
     s.add_argument("--compile", action="store_true", help="torch.compile the whole model")
@@ -688,6 +733,12 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--seed", type=int, default=0, help="seed of the weights and batches (default: 0)")
     s.add_argument("--out", help="report folder (default: runs/<gpu>/<date>/models)")
     s.set_defaults(fn=cmd_model)
+
+    s = sub.add_parser("new", help="start an implementation: impls/NAME/ with its record and the six contract functions from a template")
+    s.add_argument("name", help="the folder and implementation name (lower-case letters, digits, _)")
+    s.add_argument("--dsl", default="eager", choices=("eager", "triton"),
+                   help="eager: plain PyTorch formulas; triton: one-row-per-program Triton kernels (default: eager)")
+    s.set_defaults(fn=cmd_new)
 
     for name, helptext in (("tritonbench", "run TritonBench with every implementation registered"), ("generate", "generate kernels with an LLM endpoint")):
         s = sub.add_parser(name, help=helptext, add_help=False)

@@ -36,15 +36,41 @@ CALLS = {
 }
 
 
+# A compiler the kernels need that is not on this machine: (the exception type, the first line of its
+# message or the clause that line starts with), as the toolchains raise them. Only these skip.
+TOOLCHAIN_ABSENT = (
+    (RuntimeError, "Cannot find ptxas"),  # Triton (Gluon): triton.knobs, no ptxas shipped or on TRITON_PTXAS_PATH
+    (FileNotFoundError, "'tileiras' compiler not found,"),  # cuTile: no tileiras wheel, none on PATH or CUDA_HOME
+)
+
+
+def toolchain_absent(e: BaseException) -> str | None:
+    """'<type>: <first line>' when ``e`` (or an exception it was raised from) is one of
+    TOOLCHAIN_ABSENT, matched by exact type and exact text; None for anything else."""
+    seen = set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        first = (str(e).strip().splitlines() or [""])[0]
+        for kind, text in TOOLCHAIN_ABSENT:
+            if type(e) is kind and (first == text or (text.endswith(",") and first.startswith(text))):
+                return f"{type(e).__name__}: {first[:300]}"
+        e = e.__cause__ or e.__context__
+    return None
+
+
 def compiling_or_skip(k, dsl: str):
-    """The kernels of ``k`` compiled for one small forward, or a skip with the exact reason when
-    this machine's toolchain cannot compile them (the reason is the test's result)."""
+    """The kernels of ``k`` compiled for one small forward, or a skip naming the compiler this
+    machine lacks (TOOLCHAIN_ABSENT). Any other compile error propagates: the test fails with it
+    (a layout that does not fit a warp, a stale API, a poisoned compiler state), never skips."""
     x = torch.ones(1, 16, dtype=torch.float32)
     try:
         with k.compile_only() as compiled:
             k.rmsnorm_fwd(x, None, 1e-5)
     except Exception as e:
-        pytest.skip(f"{dsl} here: {type(e).__name__}: {str(e).strip().splitlines()[0][:300]}")
+        why = toolchain_absent(e)
+        if why is None:
+            raise
+        pytest.skip(f"{dsl} here: {why}")
     return compiled
 
 

@@ -1,5 +1,8 @@
 """Deliberately broken implementations (never registered in impls/): the checker must reject each.
-They are the eager formulas in fp32 with one defect each."""
+They are the eager formulas in fp32 (or the fp64 reference rounded once) with one defect each; beside
+them, errors of a chosen size on either side of a tolerance (``shifted``), kernels that depend on the
+batch or on the order partials arrive in (harness.run.invariance), and a slow and an interrupted
+kernel for the check loop."""
 
 from types import SimpleNamespace
 
@@ -151,3 +154,134 @@ def _ln_fwd_overflow_to_bias(x, weight, bias, eps):
 
 def overflow_to_bias():
     return SimpleNamespace(layernorm_fwd=_ln_fwd_overflow_to_bias, layernorm_bwd=eager.layernorm_bwd)
+
+
+def biased(factor: float = 1.005):
+    """Every function the fp64 reference rounded once to the contract's dtypes, with its first
+    output (y; dx / dh) scaled by ``factor`` before that rounding: at 1.005 each element is within
+    2 ulps of bf16, all of them off in the same direction (a wrong constant, an eps counted twice)."""
+    from harness.spec.ops import OPS as RECORDS
+
+    def function(rec, direction):
+        outputs = rec.fwd_outputs if direction == "fwd" else rec.bwd_outputs
+        rows_arg = 0 if direction == "fwd" else [a.name for a in rec.bwd_args].index(rec.normed)
+        names = [a.name for a in (rec.fwd_args if direction == "fwd" else rec.bwd_args)]
+
+        def call(*args):
+            x = args[rows_arg]
+            w = args[names.index("weight")]
+            out = []
+            for i, (a, r) in enumerate(zip(outputs, rec.reference(direction)(*args))):
+                r = r * factor if i == 0 else r
+                kind = x.dtype if a.kind == "rows" else torch.float32 if a.kind == "stat" else (w.dtype if w is not None else x.dtype)
+                out.append(None if r is None else r.to(kind))
+            return tuple(out)
+
+        return call
+
+    return SimpleNamespace(**{rec.function(d): function(rec, d) for rec in RECORDS.values() for d in ("fwd", "bwd")})
+
+
+def shifted(where: str = "all", ulps: float = 0.0, rel: float = 0.0, of_rms: float = 0.0):
+    """RMSNorm's forward from the fp64 reference, y rounded once to x's dtype, with the elements
+    ``where`` says ("all"; "largest" / "smallest": the element of each row of largest / smallest
+    magnitude) moved by ``ulps`` spacings of x's dtype at the reference value plus ``rel`` * |ref|
+    plus ``of_rms`` * the RMS of the reference row, toward larger magnitudes (negative: toward
+    zero). Errors of a chosen size, independent of harness/spec/tolerances.py's numbers, to hold
+    those numbers to a threshold from both sides."""
+    from harness.spec import reference
+    from harness.spec.tolerances import ulp
+
+    def rmsnorm_fwd(x, weight, eps):
+        y, rstd = reference.rmsnorm_fwd(x, weight, eps)
+        rms = y.square().mean(-1, keepdim=True).sqrt()
+        move = torch.sign(y) * (ulps * ulp(y, x.dtype) + rel * y.abs() + of_rms * rms)
+        if where != "all":
+            mag = y.abs() if where == "largest" else -y.abs()
+            pick = torch.zeros_like(y, dtype=torch.bool).scatter_(-1, mag.argmax(-1, keepdim=True), True)
+            move = torch.where(pick, move, 0.0)
+        return (y + move).to(x.dtype), rstd.float()
+
+    return SimpleNamespace(rmsnorm_fwd=rmsnorm_fwd, rmsnorm_bwd=eager.rmsnorm_bwd)
+
+
+def _walked_with_x_stride(dy, x):
+    # torch refuses a view past the end of dy's storage, as a kernel would read past it
+    return dy if dy.stride() == x.stride() else torch.as_strided(dy, x.shape, x.stride(), dy.storage_offset())
+
+
+def dy_walked_with_x_stride():
+    """A backward that walks dy with x's row stride (a kernel given one stride for both): right
+    while dy and x are laid out alike, wrong elements (or a read past dy's end) otherwise."""
+
+    def rmsnorm_bwd(dy, x, weight, rstd):
+        return eager.rmsnorm_bwd(_walked_with_x_stride(dy, x), x, weight, rstd)
+
+    def layernorm_bwd(dy, x, weight, mean, rstd):
+        return eager.layernorm_bwd(_walked_with_x_stride(dy, x), x, weight, mean, rstd)
+
+    return SimpleNamespace(rmsnorm_fwd=eager.rmsnorm_fwd, rmsnorm_bwd=rmsnorm_bwd, layernorm_fwd=eager.layernorm_fwd, layernorm_bwd=layernorm_bwd)
+
+
+def batch_variant():
+    """A kernel whose result depends on the batch: rstd (and the backward's dx) nudged by a term
+    that grows with M (another code path for larger batches, a split reduction), each still far
+    inside the tolerance."""
+
+    def nudge(m):
+        return 1.0 + 2.0**-20 * min(m - 1, 8)
+
+    def rmsnorm_fwd(x, weight, eps):
+        xf = x.float()
+        rstd = torch.rsqrt(xf.square().mean(-1) + eps) * nudge(x.shape[0])
+        y = xf * rstd[:, None] * (weight.float() if weight is not None else 1.0)
+        return y.to(x.dtype), rstd
+
+    def rmsnorm_bwd(dy, x, weight, rstd):
+        dx, dw = eager.rmsnorm_bwd(dy, x, weight, rstd)
+        return (dx.float() * nudge(x.shape[0])).to(dx.dtype), dw
+
+    return SimpleNamespace(rmsnorm_fwd=rmsnorm_fwd, rmsnorm_bwd=rmsnorm_bwd)
+
+
+def nondeterministic(block: int = 8):
+    """dweight as float atomics leave it: per-block fp32 partials (``block`` rows each) added in
+    whatever order the blocks finish, emulated by a fresh random order on every call."""
+
+    def rmsnorm_bwd(dy, x, weight, rstd):
+        dx, _ = eager.rmsnorm_bwd(dy, x, weight, rstd)
+        if weight is None:
+            return dx, None
+        parts = [p.sum(0) for p in (dy.float() * x.float() * rstd[:, None]).split(block)]
+        acc = torch.zeros(x.shape[-1], dtype=torch.float32, device=x.device)
+        for i in torch.randperm(len(parts)).tolist():
+            acc = acc + parts[i]
+        return dx, acc.to(weight.dtype)
+
+    return SimpleNamespace(rmsnorm_fwd=eager.rmsnorm_fwd, rmsnorm_bwd=rmsnorm_bwd)
+
+
+def interrupting(after: int = 2, tag: str = ""):
+    """Ctrl-C in the middle of a run: the forward works ``after`` times, then raises
+    KeyboardInterrupt (``tag`` keeps one test's counter from another's: loaded kernels are cached
+    per record and options)."""
+    calls = []
+
+    def rmsnorm_fwd(x, weight, eps):
+        calls.append(1)
+        if len(calls) > after:
+            raise KeyboardInterrupt
+        return eager.rmsnorm_fwd(x, weight, eps)
+
+    return SimpleNamespace(rmsnorm_fwd=rmsnorm_fwd, rmsnorm_bwd=eager.rmsnorm_bwd)
+
+
+def slow(seconds: float = 0.5):
+    """A correct forward that takes ``seconds`` a call (a compile, an interpreter on a wide row)."""
+    import time
+
+    def rmsnorm_fwd(x, weight, eps):
+        time.sleep(seconds)
+        return eager.rmsnorm_fwd(x, weight, eps)
+
+    return SimpleNamespace(rmsnorm_fwd=rmsnorm_fwd, rmsnorm_bwd=eager.rmsnorm_bwd)

@@ -70,9 +70,11 @@ def test_ranking_math_geomean_coverage_failures_excluded():
     by = {r.impl: r for r in board}
     assert by["fast"].score == pytest.approx(math.sqrt(0.5 * 1.0))
     assert by["fast"].speedup == pytest.approx(math.sqrt(2.0 * 4.0))
-    assert by["flaky"].coverage == "1/2" and by["flaky"].score == pytest.approx(0.9)
+    assert by["flaky"].coverage == "1/2 (partial)" and by["flaky"].score == pytest.approx(0.9)
+    assert by["fast"].coverage == "2/2" and not by["fast"].partial
     assert "absent" not in by  # never attempted here: not in the ranking at all
-    assert [r.impl for r in board][0] == "flaky"
+    # flaky's geomean (0.9, over the one shape it passed) beats fast's, but it passed 1 of 2 shapes
+    assert [r.impl for r in board] == ["fast", "eager", "flaky"]
     win = rank.winners(rows, "rmsnorm", "fwd")
     assert [w["best"]["impl"] for w in win] == ["flaky", "fast"]  # the failed point is never a winner
     best = rank.by_dsl(rows, "rmsnorm", "fwd")
@@ -81,7 +83,49 @@ def test_ranking_math_geomean_coverage_failures_excluded():
     # measured on every shape, however high its geomean over that shape
     rows.append(_row("cut-short", 1024, 0.01, frac=9.0))
     assert rank.by_dsl(rows, "rmsnorm", "fwd")["x"].impl == "fast"
-    assert rank.leaderboard(rows, "rmsnorm", "fwd")[0].impl == "cut-short"  # its own row stays, coverage 1/1
+    board = rank.leaderboard(rows, "rmsnorm", "fwd")
+    assert [r.impl for r in board] == ["fast", "eager", "cut-short", "flaky"]  # partial rows kept, last
+    assert board[2].coverage == "1/1 (partial)"
+
+
+# (impl, passed shapes of 11, geomean fraction): the section's shapes are the ones any implementation measured
+PARTIAL_CASES = {
+    "quack passed 4 of 11 with the best geomean": ([("cute", 11, 0.9), ("quack", 4, 0.98), ("eager", 11, 0.4)], ["cute", "eager", "quack"]),
+    "a partial one never beats the slowest full one": ([("slow", 11, 0.01), ("fast", 10, 0.99)], ["slow", "fast"]),
+    "partial ones ranked by score among themselves": ([("a", 3, 0.5), ("b", 7, 0.6), ("c", 11, 0.1)], ["c", "b", "a"]),
+    "every one partial: by score": ([("a", 3, 0.5), ("b", 7, 0.6)], ["b", "a"]),
+}
+
+
+@pytest.mark.parametrize("case", list(PARTIAL_CASES))
+def test_an_implementation_that_passed_fewer_shapes_ranks_below_every_full_one(case, tmp_path, capsys):
+    import random
+
+    from harness.cli import main
+
+    impls, expect = PARTIAL_CASES[case]
+    rng = random.Random(sum(map(ord, case)))
+    ns = [2**k for k in range(10, 21)]
+    rows = []
+    for name, passed, frac in impls:
+        for i, n in enumerate(ns):
+            # the shapes an implementation missed failed their check, crashed or were skipped
+            status = "ok" if i < passed else rng.choice(["failed", "error", "skip"])
+            rows.append(_row(name, n, 1.0 if status == "ok" else None, status=status, frac=frac * rng.uniform(0.99, 1.01) if status == "ok" else None))
+    rng.shuffle(rows)
+    board = rank.leaderboard(rows, "rmsnorm", "fwd")
+    assert [r.impl for r in board] == expect
+    passed = {n: p for n, p, _ in impls}
+    assert all(r.partial == (passed[r.impl] < 11) for r in board)
+    md = report.markdown({"gpu": "Fake GPU"}, rows, rel_plots=None)
+    table = md[md.index("| rank |"):]
+    assert [line.split(" | ")[1] for line in table.splitlines()[2:2 + len(expect)]] == expect
+    if any(p < 11 for _, p, _ in impls):
+        assert "(partial)" in table and "ranked below every implementation that passed all of them" in md
+    (tmp_path / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert main(["rank", str(tmp_path / "results.jsonl")]) == 0
+    ranked = [line.split("│")[2].strip() for line in capsys.readouterr().out.splitlines() if line.startswith("│ ") and line.split("│")[1].strip()]
+    assert ranked == expect
 
 
 def _crasher():
@@ -190,9 +234,12 @@ def test_merge_replaces_points_and_keeps_each_runs_provenance(tmp_path, monkeypa
         merge_results(main_dir, [main_dir])
     assert main(["merge", str(main_dir), str(tmp_path / "nowhere")]) == 2
     assert "not a benchmark folder" in capsys.readouterr().err
-    assert main(["merge", str(main_dir), str(redo), "--commit", "cccc"]) == 0
+    clean = tmp_path / "clean"
+    monkeypatch.setenv("NORMBENCH_COMMIT", "ffff")
+    run_bench([eager], ["rmsnorm"], ["bwd"], shapes[:1], ["bf16"], clean, device="cpu", timer=_timer_for("eager", 1.0), copy_bandwidth={"tbps": 0.002}, progress=False)
+    assert main(["merge", str(main_dir), str(clean), "--commit", "cccc"]) == 0
     runs = json.loads((main_dir / "meta.json").read_text())["runs"]
-    assert runs[-1]["git_commit"] == "bbbb"  # a clean recorded commit is never overridden
+    assert runs[-1]["git_commit"] == "ffff"  # a clean recorded commit is never overridden
     dirty = tmp_path / "dirty"
     monkeypatch.setenv("NORMBENCH_COMMIT", "dddd-dirty")
     run_bench([eager], ["rmsnorm"], ["fwd"], shapes[:1], ["bf16"], dirty, device="cpu", timer=_timer_for("eager", 1.0), copy_bandwidth={"tbps": 0.002}, progress=False)
@@ -307,3 +354,142 @@ def test_error_text_reaches_reports_without_terminal_colour_codes():
     crashed = dict(_row("fast", 1024, None, status="error"), reason=f"DSLRuntimeError: {coloured}")
     md = report.markdown({"gpu": "Fake GPU"}, [_row("fast", 4096, 0.5, frac=1.0), crashed], rel_plots=None)
     assert "fast 1024x1024: error — DSLRuntimeError: error[INTERNAL]: The compiler" in md and "\x1b" not in md
+
+
+def _eager_bench(out, **kw):
+    shapes = [("sweep", (Shape((16, 256)), Shape((4, 1024))))]
+    args = {"device": "cpu", "timer": _timer_for("eager", 2.0), "copy_bandwidth": {"tbps": 0.001}, "progress": False}
+    return run_bench([get("eager")], kw.pop("ops", ["rmsnorm"]), ["fwd"], shapes, ["bf16"], out, **{**args, **kw})
+
+
+def test_a_second_run_into_a_folder_is_refused_while_the_first_holds_it(tmp_path, monkeypatch):
+    """Two runs into one folder: the second refuses to start while the first runs (it would measure
+    the same points again, and one meta.json would lose the other's run); once the first has
+    finished, a resumed run reads meta.json afresh and both runs are recorded."""
+    from harness.run import bench
+
+    real, second = bench.measure_point, []
+
+    def measure(*a, **k):
+        if not second:  # halfway through the first run, a second one starts on the same folder
+            with pytest.raises(ValueError) as e:
+                _eager_bench(tmp_path, resume=True, command="second")
+            second.append(str(e.value))
+        return real(*a, **k)
+
+    monkeypatch.setattr(bench, "measure_point", measure)
+    _eager_bench(tmp_path, command="first")
+    assert len(second) == 1 and "being written by another normbench process" in second[0] and "bench" in second[0]
+    assert "\n" not in second[0]
+    monkeypatch.setattr(bench, "measure_point", real)
+    _eager_bench(tmp_path, resume=True, ops=["rmsnorm", "layernorm"], command="third")
+    meta = json.loads((tmp_path / "meta.json").read_text())
+    assert [r["command"] for r in meta["runs"]] == ["first", "third"]
+    rows = load_results(tmp_path / "results.jsonl")
+    assert sorted((r["op"], r["run"]) for r in rows) == [("layernorm", 1)] * 2 + [("rmsnorm", 0)] * 2
+    assert not (tmp_path / ".normbench.lock").exists()
+
+
+def test_resume_on_another_gpu_is_refused_and_leaves_the_folder_as_it_was(tmp_path, monkeypatch):
+    from harness.run import bench
+
+    _eager_bench(tmp_path)
+    report.write_report(tmp_path)
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    real = bench.environment
+    monkeypatch.setattr(bench, "environment", lambda device: {**real(device), "gpu": "NVIDIA H200"})
+    with pytest.raises(ValueError) as e:
+        _eager_bench(tmp_path, resume=True, ops=["layernorm"])
+    assert str(e.value) == f"{tmp_path} was measured on cpu, this is NVIDIA H200: --resume adds points of the same GPU only (use another --out)"
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
+    # the same GPU resumes
+    monkeypatch.setattr(bench, "environment", real)
+    assert len(_eager_bench(tmp_path, resume=True, ops=["layernorm"])[1]) == 4
+
+
+def test_starting_over_removes_what_the_old_run_left(tmp_path):
+    """`--overwrite` (a run without --resume): the old report, CSV, plots and counters go with the
+    old points, so the new report shows none of them; other files in the folder stay."""
+    _eager_bench(tmp_path, ops=["layernorm"])
+    report.write_report(tmp_path)
+    profile = {"points": [{"impl": "eager", "op": "layernorm", "direction": "fwd", "shape": "16x256", "kernels": 1, "dram_over_model": 3.21,
+                           "dram_tbps": 1.0, "l2_hit_pct": 1.0, "warps_active_pct": 1.0, "max_registers_per_thread": 1.0}]}  # fmt: skip
+    (tmp_path / "profile.json").write_text(json.dumps(profile))
+    (tmp_path / "warm.jsonl").write_text("{}\n")  # the warm-up's record for the next run
+    assert "Hardware counters" in report.write_report(tmp_path)["report"].read_text()
+    old = {p.name for p in tmp_path.iterdir()}
+    assert {"plot-layernorm-fwd-bf16.png", "report.md", "results.csv", "profile.json"} <= old
+    meta, rows = _eager_bench(tmp_path, ops=["rmsnorm"])
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["meta.json", "results.jsonl", "warm.jsonl"]
+    assert {r["op"] for r in rows} == {"rmsnorm"} and len(meta["runs"]) == 1
+    md = report.write_report(tmp_path, meta, rows)["report"].read_text()
+    assert "Hardware counters" not in md and "layernorm" not in md
+    assert sorted(p.name for p in tmp_path.glob("plot-*")) == ["plot-rmsnorm-fwd-bf16.png"]
+
+
+def test_every_implementation_keeps_one_colour_in_every_plot():
+    """One colour per implementation across plots (fixed by the registry's names), no two series
+    of a plot alike, and a failed or crashed point marked where it would otherwise leave a gap."""
+    import random
+
+    import matplotlib.pyplot as plt
+
+    from harness.registry import all_implementations
+
+    names = sorted(all_implementations())
+    colors = report.colours()
+    assert len({colors[n] for n in names}) == len(names)
+    # a name no longer registered takes a colour after the registry's, which keep theirs
+    extra = report.colours(["zz-gone", "aa-gone", "eager"])
+    assert {n: extra[n] for n in names} == colors and len(set(extra.values())) == len(names) + 2
+    assert len(set(report.colours([f"old-{i}" for i in range(40)]).values())) == len(names) + 40  # past the palette too
+    # no two registry colours near alike (tab20's pairs were: cutile and eager, helion and triton)
+    from matplotlib.colors import to_rgb
+
+    rgb = [to_rgb(colors[n]) for n in names]
+    assert min(sum((a - b) ** 2 for a, b in zip(p, q)) ** 0.5 for i, p in enumerate(rgb) for q in rgb[i + 1 :]) > 0.15
+
+    rng = random.Random(12)
+    meta = {"gpu": "Fake GPU", "copy_bandwidth_tbps": 4.0}
+
+    def series_colours(fig) -> dict:
+        ax = fig.axes[0]
+        out = {ln.get_label(): ln.get_color() for ln in ax.lines if not ln.get_label().startswith(("_", "copy", "90%", "x:"))}
+        return out
+
+    seen = {}
+    for trial in range(4):
+        picked = rng.sample(names, rng.randint(2, len(names)))
+        rows = [_row(n, 2**k, rng.uniform(0.5, 2.0), frac=0.5) for n in picked for k in (10, 12, 14)]
+        fig = report.figure(meta, rows, "rmsnorm", "fwd", "bf16")
+        got = series_colours(fig)
+        plt.close(fig)
+        assert set(got) == set(picked) and len(set(got.values())) == len(picked)
+        for n, c in got.items():
+            assert seen.setdefault(n, c) == c == colors[n]
+
+
+def test_a_failed_point_is_drawn_at_the_floor_in_its_colour():
+    import matplotlib.pyplot as plt
+
+    rows = [_row("helion", 1024, 1.0, frac=0.5), _row("helion", 4096, None, status="failed"), _row("helion", 16384, 0.5, frac=0.9),
+            _row("triton", 1024, 1.0, frac=0.5), _row("triton", 4096, None, status="error"),
+            _row("broken", 1024, None, status="failed"), _row("absent", 1024, None, status="skip"),
+            _row("helion", 3072, None, status="failed", shape_set="between")]  # fmt: skip
+    colors = report.colours(r["impl"] for r in rows)
+    fig = report.figure({"gpu": "Fake GPU"}, rows, "rmsnorm", "fwd", "bf16")
+    ax = fig.axes[0]
+    marks = {c.get_gid().split(":", 1)[1]: c for c in ax.collections if (c.get_gid() or "").startswith("failed:")}
+    assert set(marks) == {"helion", "triton", "broken"}  # an implementation that only failed is drawn too; a skipped one is not
+    assert sorted(map(tuple, marks["helion"].get_offsets().tolist())) == [(3072, 0), (4096, 0)]
+    assert marks["triton"].get_offsets().tolist() == [[4096, 0]]
+    for name, c in marks.items():
+        assert tuple(c.get_edgecolor()[0][:3]) == pytest.approx(plt.matplotlib.colors.to_rgb(colors[name]))
+        assert not c.get_clip_on()  # at y = 0, half of it would be cut by the axes
+    legend = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert report.FAILED_LABEL in legend and "broken" in legend and "absent" not in legend
+    plt.close(fig)
+    # and none when nothing failed
+    fig = report.figure({"gpu": "Fake GPU"}, rows[:1], "rmsnorm", "fwd", "bf16")
+    assert report.FAILED_LABEL not in [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
+    plt.close(fig)

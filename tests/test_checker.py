@@ -1,5 +1,7 @@
 """The criterion passes correct kernels and rejects each mutant (tests/mutants.py)."""
 
+import json
+
 import pytest
 import torch
 
@@ -176,3 +178,182 @@ def test_overflow_backward_runs_on_the_forwards_own_statistics():
     # a forward whose rstd is 0 (var overflowed, not NaN) makes the backward return zeros: rejected
     r = run_check(mutant("overflow_to_bias", ("layernorm",)), "layernorm", "bwd", Shape((8, 256)), "bf16", "cpu", overflow=True)
     assert r.status == "fail" and not {t.name: t for t in r.tensors}["dx"].passed, r.summary()
+
+
+# ---------------------------------------------------------------- bias
+ALL_OPS = tuple(OPS)
+
+
+def bias_shapes(elements: int) -> tuple:
+    """Smoke shapes with enough elements for a mean to tell (and N > 1: at N = 1 dx is rounding noise)."""
+    return tuple(s for s in SHAPE_SETS["smoke"] if s.m * s.n >= elements and s.n > 1)
+
+
+@pytest.mark.parametrize("factor,elements", [(1.005, 64), (1.003, 1000)])
+@pytest.mark.parametrize("direction", ["fwd", "bwd"])
+@pytest.mark.parametrize("op", ALL_OPS)
+def test_a_biased_kernel_fails_in_bf16(op, direction, factor, elements):
+    """Rows scaled by ``factor`` (y in the forward; dx / dh in the backward), rounded once: each
+    element within 2 ulps of bf16 bar a few at the top of a binade (1.005), or all of them (1.003),
+    so the mean signed error is what catches it, on every smoke shape of 64 (1000) elements or more."""
+    m = Implementation(name=f"mutant-biased-{factor}", dsl="eager", entry="tests.mutants:biased", ops=ALL_OPS,
+                       devices=("cpu",), options={"factor": factor})  # fmt: skip
+    for shape in bias_shapes(elements):
+        r = run_check(m, op, direction, shape, "bf16", "cpu")
+        first, *rest = r.tensors
+        assert r.status == "fail" and not first.passed and all(t.passed for t in rest), (shape.label, r.summary())
+        assert first.bias > first.bias_bound, (shape.label, first)
+        if factor == 1.003:
+            assert first.reason.startswith("biased") and first.max_ulp <= 2, (shape.label, first.reason)
+
+
+def test_bias_is_reported_and_near_zero_for_a_correct_kernel():
+    r = run_check(get("eager"), "layernorm", "fwd", Shape((128, 4096)), "bf16", "cpu")
+    y = {t.name: t for t in r.tensors}["y"]
+    assert r.passed and abs(y.bias) < y.bias_bound < 0.03 and abs(y.offset) < y.bias_bound
+    assert {"bias", "offset", "bias_bound"} <= set(r.to_json()["tensors"][0])
+
+
+def test_truncation_is_allowed_toward_zero_only_where_the_record_says_so():
+    """Triton's CPU interpreter converts fp32 to bf16 toward zero: half an ulp of bias toward zero is
+    its rounding, allowed for an implementation it runs; the same bias from eager, or away from
+    zero, is not."""
+    from harness.run.checker import bias_check
+    from harness.spec.tolerances import allowed_error, ulp
+
+    g = torch.Generator().manual_seed(0)
+    ref = torch.randn(64, 1024, generator=g, dtype=torch.float64)
+    allowed = allowed_error(ref, torch.bfloat16)
+    frac = torch.rand(ref.shape, generator=g, dtype=torch.float64)
+    toward_zero = ref - torch.sign(ref) * frac * ulp(ref, torch.bfloat16)
+    valid = torch.ones_like(ref, dtype=torch.bool)
+    assert bias_check(toward_zero, ref, allowed, torch.bfloat16, valid, toward_zero=True)[3] == ""
+    assert bias_check(toward_zero, ref, allowed, torch.bfloat16, valid, toward_zero=False)[3].startswith("biased")
+    away = 2 * ref - toward_zero
+    assert bias_check(away, ref, allowed, torch.bfloat16, valid, toward_zero=True)[3].startswith("biased")
+    triton = Implementation(name="t", dsl="triton", entry="x", devices=("cpu",), interpreter="TRITON_INTERPRET")
+    from harness.run.checker import truncating_interpreter
+
+    assert truncating_interpreter("cpu", torch.bfloat16, triton) and not truncating_interpreter("cpu", torch.bfloat16, get("eager"))
+    assert not truncating_interpreter("cpu", torch.float16, triton) and not truncating_interpreter("cuda", torch.bfloat16, triton)
+
+
+# ---------------------------------------------------------------- tolerances at their threshold
+# (dtype, the constant held, the mutant's error just above it (caught), just below (passes), shape).
+# Errors come in the dtype's own spacings or in fractions of |ref| or of the row's RMS, never from
+# harness/spec/tolerances.py, so loosening or tightening a constant there 10x fails one of these.
+RTOL32 = 1e-4  # fp32's documented criterion: 1e-4 relative
+THRESHOLDS = [
+    ("bf16", "ulps", dict(where="largest", ulps=-3.5), dict(where="largest", ulps=-1.5)),
+    ("bf16", "floor", dict(where="smallest", of_rms=2 * 2**-9), dict(where="smallest", of_rms=0.5 * 2**-9)),
+    ("bf16", "bias", dict(ulps=0.15), dict(ulps=0.025)),
+    ("fp16", "ulps", dict(where="largest", ulps=-3.5), dict(where="largest", ulps=-1.5)),
+    ("fp16", "floor", dict(where="smallest", of_rms=2 * 2**-12), dict(where="smallest", of_rms=0.5 * 2**-12)),
+    ("fp16", "bias", dict(ulps=0.15), dict(ulps=0.025)),
+    ("fp32", "rtol", dict(where="largest", rel=-1.5 * RTOL32), dict(where="largest", rel=-0.5 * RTOL32)),
+    ("fp32", "floor", dict(where="smallest", of_rms=2 * 2**-16), dict(where="smallest", of_rms=0.5 * 2**-16)),
+    ("fp32", "bias", dict(rel=7e-6), dict(rel=1.2e-6)),
+]
+
+
+@pytest.mark.parametrize("dtype,held,above,below", THRESHOLDS, ids=[f"{t[0]}-{t[1]}" for t in THRESHOLDS])
+def test_an_error_just_above_the_tolerance_fails_and_just_below_passes(dtype, held, above, below):
+    from tests import mutants
+
+    shape = Shape((128, 4096)) if held == "bias" else Shape((64, 256))
+    impl = mutant("shifted")
+    caught = run_check(impl, "rmsnorm", "fwd", shape, dtype, "cpu", kernels=mutants.shifted(**above))
+    passes = run_check(impl, "rmsnorm", "fwd", shape, dtype, "cpu", kernels=mutants.shifted(**below))
+    y_caught, y_passes = caught.tensors[0], passes.tensors[0]
+    assert caught.status == "fail" and not y_caught.passed, y_caught
+    assert passes.passed, passes.summary()
+    if held == "bias":  # every element within its tolerance: the mean alone decides
+        assert y_caught.reason.startswith("biased"), y_caught.reason
+        assert 1 < y_caught.bias / y_caught.bias_bound < 5 and 0.2 < y_passes.bias / y_passes.bias_bound < 1
+    else:  # one element per row moved, in a direction that keeps the mean near zero
+        assert "64 elements over tolerance" in y_caught.reason, y_caught.reason
+
+
+# ---------------------------------------------------------------- dy laid out unlike x
+def test_dy_and_x_come_with_different_row_strides_in_the_edge_set():
+    from harness.spec.contract import DTYPES
+    from harness.spec.inputs import make_case
+
+    layouts = {s.layout: s for s in SHAPE_SETS["edge"]}
+    for layout, sliced in (("dy-column-slice", ("dy", "dresidual_out")), ("x-column-slice", ("x", "residual"))):
+        case = make_case("add_rmsnorm", layouts[layout], DTYPES["bf16"])
+        n = layouts[layout].n
+        for name in ("x", "residual", "dy", "dresidual_out"):
+            assert case[name].stride(0) == (n + 24 if name in sliced else n), (layout, name)
+
+
+@pytest.mark.parametrize("op", ["rmsnorm", "layernorm"])
+def test_a_backward_that_walks_dy_with_xs_stride_is_caught(op):
+    m = mutant("dy_walked_with_x_stride", ("rmsnorm", "layernorm"))
+    caught = []
+    for shape in SHAPE_SETS["edge"]:
+        r = run_check(m, op, "bwd", shape, "bf16", "cpu")
+        if shape.layout in ("dy-column-slice", "x-column-slice"):
+            assert r.status in ("fail", "error"), (shape.label, r.summary())
+            caught.append(shape.layout)
+        elif shape.n <= 4096:  # right wherever dy and x share a layout, column slices included
+            assert r.passed, (shape.label, r.summary())
+    assert sorted(caught) == ["dy-column-slice", "x-column-slice"]
+
+
+# ---------------------------------------------------------------- the check command
+def _registered(monkeypatch, impl: Implementation) -> str:
+    from harness import registry
+
+    monkeypatch.setattr(registry, "_REGISTRY", {**registry.all_implementations(), impl.name: impl})
+    return impl.name
+
+
+def test_the_default_check_holds_the_overflow_rule(monkeypatch, capsys):
+    """A LayerNorm that gives y = bias where the variance overflows (finite and wrong) passes the
+    ordinary inputs: the default check (the edge set) fails it, as the tests do."""
+    from harness.cli import main
+    from harness.run.check import OVERFLOW_SET, _points
+    from harness.spec.inputs import OVERFLOW_SHAPES
+
+    name = _registered(monkeypatch, mutant("overflow_to_bias", ("layernorm",)))
+    argv = ["check", "--impl", name, "--op", "layernorm", "--dtype", "bf16,fp16", "--device", "cpu", "--quiet"]
+    assert main([*argv, "--shapes", "smoke"]) == 0
+    capsys.readouterr()
+    assert main(argv) == 1
+    out = capsys.readouterr().out
+    assert "(overflow inputs)" in out and f"{OVERFLOW_SHAPES[0].label} (overflow inputs): y:" in out
+    pts = _points(get("eager"), "layernorm", ["fwd"], ["bf16", "fp16", "fp32"], [("edge", ())], False)
+    assert [(p[3], p[5]) for p in pts if p[4] == OVERFLOW_SET] == [(dt, s) for dt in ("bf16", "fp32") for s in OVERFLOW_SHAPES]
+    assert all(p[6] for p in pts)
+    assert not [p for p in _points(get("eager"), "rmsnorm", ["fwd"], ["bf16"], [("edge", ())], False)]  # rmsnorm: no overflow rule
+    only = _points(get("eager"), "layernorm", ["fwd"], ["bf16"], [("smoke", SHAPE_SETS["smoke"][:2])], True)
+    assert [p[6] for p in only] == [True, True]  # --overflow: the selected shapes, on overflowing inputs
+
+
+def test_progress_lines_come_within_a_long_group(monkeypatch, capsys):
+    from harness.run import check
+
+    monkeypatch.setattr(check, "PROGRESS_EVERY_S", 0.4)
+    impl = Implementation(name="mutant-slow", dsl="eager", entry="tests.mutants:slow", ops=("rmsnorm",), devices=("cpu",), options={"seconds": 0.6})
+    out = check.run([impl], ["rmsnorm"], ["fwd"], ["bf16"], [("custom", (Shape((2, 8)),) * 3)], "cpu")
+    assert out.passed == 3
+    lines = capsys.readouterr().out.splitlines()
+    beats = [ln for ln in lines if "points, on fwd bf16 2x8" in ln]
+    assert beats and lines.index(beats[0]) < lines.index(next(ln for ln in lines if "3 passed" in ln)), lines
+    assert beats[0].startswith("check [1/1] mutant-slow rmsnorm: ")
+
+
+def test_ctrl_c_keeps_what_was_checked(monkeypatch, capsys, tmp_path):
+    from harness.cli import main
+
+    impl = Implementation(name="mutant-interrupting", dsl="eager", entry="tests.mutants:interrupting", ops=("rmsnorm",),
+                          devices=("cpu",), options={"after": 2, "tag": str(tmp_path)})  # fmt: skip
+    name = _registered(monkeypatch, impl)
+    path = tmp_path / "c.json"
+    argv = ["check", "--impl", name, "--direction", "fwd", "--dtype", "bf16", "--shapes", "smoke", "--device", "cpu", "--json", str(path)]
+    assert main(argv) == 130
+    out = capsys.readouterr().out
+    assert "2 passed, 0 failed" in out and "interrupted" in out
+    data = json.loads(path.read_text())
+    assert data["interrupted"] is True and [r["status"] for r in data["results"]] == ["pass", "pass"]

@@ -1,5 +1,6 @@
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -86,41 +87,57 @@ def test_readme_implementation_table_is_generated_from_the_registry():
     assert text[start:end].split("\n", 1)[1].strip() == impl_table().strip(), "run: normbench list --update-readme"
 
 
-def _readme_record() -> str:
-    """The record the README's "Adding one" shows, verbatim."""
+# The folder the "Adding one" tests add: a name nobody gives an implementation of their own, so that
+# a user's impls/mynorm (the README's example name) never meets it.
+NEW = "zz_readme_ex"
+
+
+def _readme_record(name: str = NEW) -> str:
+    """The record the README's "Adding one" shows, verbatim but for its name (mynorm), given as ``name``."""
     text = (ROOT / "README.md").read_text()
     section = text[text.index("### Adding one") : text.index("## Correctness")]
-    return textwrap.dedent(section.split("```python\n", 1)[1].split("```", 1)[0])
+    record = textwrap.dedent(section.split("```python\n", 1)[1].split("```", 1)[0])
+    assert 'name="mynorm"' in record and '"impls.mynorm.kernels"' in record, record
+    return record.replace("mynorm", name)
 
 
-@pytest.fixture
-def new_folder(tmp_path, monkeypatch):
-    """Adds impls/mynorm/ as the README says: its __init__.py, and kernels (eager's formulas)."""
+def _package(folder: Path, init_text: str) -> None:
+    folder.mkdir(parents=True)
+    (folder / "__init__.py").write_text(init_text)
+    shutil.copy(ROOT / "impls" / "eager" / "kernels.py", folder / "kernels.py")
+
+
+@pytest.fixture(params=["alone", "beside-a-user-mynorm"])
+def new_folder(request, tmp_path, monkeypatch):
+    """Adds impls/<NEW>/ as the README says: its __init__.py, and kernels (eager's formulas); in the
+    second run beside an impls/mynorm/ of a user's own, made from the README's record as it stands."""
     import impls
     from harness import registry
 
+    paths = [*impls.__path__]
+    if request.param == "beside-a-user-mynorm":
+        _package(tmp_path / "user" / "mynorm", _readme_record("mynorm"))
+        paths.append(str(tmp_path / "user"))
+
     def make(init_text: str):
-        pkg = tmp_path / "extra" / "mynorm"
-        pkg.mkdir(parents=True)
-        (pkg / "__init__.py").write_text(init_text)
-        shutil.copy(ROOT / "impls" / "eager" / "kernels.py", pkg / "kernels.py")
-        monkeypatch.setattr(impls, "__path__", [*impls.__path__, str(tmp_path / "extra")])
+        _package(tmp_path / "extra" / NEW, init_text)
+        monkeypatch.setattr(impls, "__path__", [*paths, str(tmp_path / "extra")])
         monkeypatch.setattr(registry, "_REGISTRY", None)
 
     yield make
     registry._REGISTRY = None
-    for mod in ("impls.mynorm", "impls.mynorm.kernels"):
-        sys.modules.pop(mod, None)
+    for mod in [m for m in sys.modules if m.split(".")[:2] in (["impls", NEW], ["impls", "mynorm"])]:
+        sys.modules.pop(mod)
 
 
 def test_a_folder_added_as_the_readme_says_is_checked_here(new_folder, capsys):
     new_folder(_readme_record())
-    argv = ["check", "--impl", "mynorm", "--shapes", "smoke", "--dtype", "bf16", "--device", "cpu", "--quiet"]
+    argv = ["check", "--impl", NEW, "--shapes", "smoke", "--dtype", "bf16", "--device", "cpu", "--quiet"]
     assert main(argv) == 0
     out = capsys.readouterr().out
-    assert "60 passed, 0 failed" in out and "mynorm" in out
+    assert "60 passed, 0 failed" in out and NEW in out
     assert main(["list", "--json"]) == 0
-    row = next(r for r in json.loads(capsys.readouterr().out) if r["name"] == "mynorm")
+    row = next(r for r in json.loads(capsys.readouterr().out) if r["name"] == NEW)
     assert row["here"]["runs"]
 
 
@@ -129,11 +146,11 @@ def test_a_gpu_only_folder_fails_loudly_where_it_cannot_run(new_folder, capsys):
     record = _readme_record()
     assert 'devices=("cpu", "cuda"), ' in record
     new_folder(record.replace('devices=("cpu", "cuda"), ', ""))
-    assert main(["check", "--impl", "mynorm", "--shapes", "smoke", "--device", "cpu", "--quiet"]) == 1
+    assert main(["check", "--impl", NEW, "--shapes", "smoke", "--device", "cpu", "--quiet"]) == 1
     captured = capsys.readouterr()
     assert "nothing was checked on cpu" in captured.err and "runs on cuda only" in captured.err
     assert main(["list", "--json"]) == 0
-    row = next(r for r in json.loads(capsys.readouterr().out) if r["name"] == "mynorm")
+    row = next(r for r in json.loads(capsys.readouterr().out) if r["name"] == NEW)
     import torch
 
     assert row["here"]["runs"] == torch.cuda.is_available()
@@ -141,16 +158,98 @@ def test_a_gpu_only_folder_fails_loudly_where_it_cannot_run(new_folder, capsys):
         assert "runs on cuda only" in row["here"]["why_not"] and row["available"] == {"cuda": False}
         assert "none is available here" in row["why_not"]["cuda"]
         assert main(["list"]) == 0
-        line = next(ln for ln in capsys.readouterr().out.splitlines() if "mynorm" in ln)
+        line = next(ln for ln in capsys.readouterr().out.splitlines() if NEW in ln)
         assert "no" in line and "yes" not in line
 
 
 def test_a_plain_implementation_name_does_not_select_a_dsl_of_that_name(new_folder):
     from harness.registry import select
 
-    new_folder('from harness.spec.contract import Implementation\nIMPLEMENTATIONS = [Implementation(name="mynorm", dsl="eager", entry="impls.mynorm.kernels")]\n')
+    new_folder(f'from harness.spec.contract import Implementation\nIMPLEMENTATIONS = [Implementation(name="{NEW}", dsl="eager", entry="impls.{NEW}.kernels")]\n')
     assert [i.name for i in select("eager")] == ["eager"]
-    assert {i.name for i in select("eager*")} == {"eager", "mynorm"}  # a glob still matches DSLs
+    assert NEW in {i.name for i in select("eager*")} and "eager" in {i.name for i in select("eager*")}  # a glob still matches DSLs
+
+
+def test_the_contract_states_the_overflow_rule():
+    """Rows whose squares overflow fp32: NaN or the right answer, never a finite wrong number, for
+    the ops whose record says so (LayerNorm), in the README's contract and in the contract module."""
+    from harness.spec import contract
+    from harness.spec.ops import OPS
+
+    assert [name for name, op in OPS.items() if op.overflow] == ["layernorm"]
+    readme = (ROOT / "README.md").read_text()
+    for text in (readme[readme.index("## The contract") : readme.index("## Implementations")], contract.__doc__):
+        flat = " ".join(text.split())
+        assert "overflow fp32" in flat and "NaN" in flat and "LayerNorm" in flat, flat[:300]
+        assert "never a finite wrong number" in flat
+
+
+@pytest.fixture
+def new_impls(tmp_path, monkeypatch):
+    """`normbench new` pointed at an impls folder of its own, which the registry also reads."""
+    import impls
+    from harness import registry
+    from harness.tools import new
+
+    folder = tmp_path / "impls"
+    folder.mkdir()
+    monkeypatch.setattr(new, "IMPLS_DIR", folder)
+    monkeypatch.setattr(impls, "__path__", [*impls.__path__, str(folder)])
+    monkeypatch.setattr(registry, "_REGISTRY", None)
+    yield folder
+    registry._REGISTRY = None
+    for mod in [m for m in sys.modules if m.startswith(f"impls.{NEW}")]:
+        sys.modules.pop(mod)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dsl,narrowed", [("eager", []), ("triton", ["--dtype", "bf16"])])
+def test_normbench_new_writes_a_folder_that_passes_check(new_impls, dsl, narrowed, capsys):
+    """The template of each DSL, as written, passes the check of the smoke set on the CPU (Triton's
+    in its interpreter, on bf16, where the interpreter truncates its conversions)."""
+    from harness.tools import new
+
+    assert new.IMPLS_DIR == new_impls and new.TEMPLATES.is_dir()
+    name = f"{NEW}_{dsl}"
+    assert main(["new", name, "--dsl", dsl]) == 0
+    assert sorted(p.name for p in (new_impls / name).iterdir()) == ["__init__.py", "kernels.py"]
+    assert f"wrote {new_impls / name / 'kernels.py'}" in capsys.readouterr().out
+    assert main(["check", "--impl", name, "--device", "cpu", "--shapes", "smoke", "--quiet", *narrowed]) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"\b[1-9]\d* passed, 0 failed", out), out[-500:]
+    assert main(["list", "--json"]) == 0
+    row = next(r for r in json.loads(capsys.readouterr().out) if r["name"] == name)
+    assert row["dsl"] == dsl and row["here"]["runs"]
+
+
+@pytest.mark.parametrize(
+    "argv,needle",
+    [
+        (["new", "taken"], "exists already"),  # a folder of that name
+        (["new", "quack"], "registered already"),  # no folder, but an implementation of that name
+        (["new", "1norm"], "bad name"),
+        (["new", "my-norm"], "bad name"),
+        (["new", "MyNorm"], "bad name"),
+        (["new", "class"], "bad name"),
+        (["new", "a/b"], "bad name"),
+        (["new", ""], "bad name"),
+        (["new", "two\nlines"], "bad name"),
+        (["new", "fine", "--dsl", "cute"], "invalid choice"),
+        (["new"], "required"),
+    ],
+)  # fmt: skip
+def test_normbench_new_refuses_in_one_line_and_writes_nothing(new_impls, argv, needle, capsys):
+    (new_impls / "taken").mkdir()
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert needle in err and len(err.splitlines()) == 1, err
+    assert [p.name for p in new_impls.iterdir()] == ["taken"] and not any((new_impls / "taken").iterdir())
+
+
+def test_normbench_new_writes_into_the_checkout_impls_folder():
+    from harness.tools import new
+
+    assert new.IMPLS_DIR == ROOT / "impls"
 
 
 def _render(renderable, width: int) -> str:

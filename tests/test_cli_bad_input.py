@@ -4,8 +4,6 @@
 One table per entry point; the report-file cases run through every command that reads them."""
 
 import json
-import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -60,6 +58,17 @@ BAD_FILES = {
     "results-string-M": (json.dumps({**_point(), "M": "8"}) + "\n", None, ["results.jsonl", "line 1", "'M'"]),
     "results-ok-without-time": (json.dumps({**_point(), "ms": None}) + "\n", None, ["results.jsonl", "line 1", "'ms'"]),
     "results-directory": ("DIR", None, ["results.jsonl", "is a directory"]),
+    # rows `rank` took but `report` (or a merge, after rewriting its destination) choked on
+    "results-ok-tbps-null": (GOOD + json.dumps({**_point(), "tbps": None}) + "\n", None, ["results.jsonl", "line 3", "'tbps'"]),
+    "results-ok-tbps-missing": (json.dumps({k: v for k, v in _point().items() if k != "tbps"}) + "\n", None, ["results.jsonl", "line 1", "'tbps'"]),
+    "results-check-a-list": (json.dumps({**_point(), "check": ["pass"]}) + "\n", None, ["results.jsonl", "line 1", "'check' is a list"]),
+    "results-run-null": (GOOD + json.dumps({**_point(), "run": None}) + "\n", None, ["results.jsonl", "line 3", "'run' is null"]),
+    "results-weights-list": (json.dumps({**_point(), "weights": ["fp32"]}) + "\n", None, ["results.jsonl", "line 1", "'weights' is a list"]),
+    "results-op-a-path": (json.dumps({**_point(), "op": "../x"}) + "\n", None, ["results.jsonl", "line 1", "'op'"]),
+    "results-huge-integer": ('{"M": ' + "9" * 5000 + "}\n", None, ["results.jsonl", "line 1", "not readable JSON"]),
+    "results-nested-too-deep": ("[" * 100000 + "]" * 100000 + "\n", None, ["results.jsonl", "line 1", "not readable JSON"]),
+    "results-lone-surrogate": (json.dumps({**_point(), "impl": "\ud800"}) + "\n", None, ["results.jsonl", "line 1", "not valid Unicode"]),
+    "results-infinite-time": (json.dumps({**_point(), "ms": float("inf")}) + "\n", None, ["results.jsonl", "line 1", "'ms'"]),
     "meta-list": (None, "[]", ["meta.json", "a list"]),
     "meta-number": (None, "3", ["meta.json", "a number"]),
     "meta-not-json": (None, "{\n  nope", ["meta.json", "line 2", "not valid JSON"]),
@@ -67,6 +76,11 @@ BAD_FILES = {
     "meta-runs-not-a-list": (None, '{"runs": 5}', ["meta.json", "'runs'"]),
     "meta-copy-bandwidth-string": (None, '{"copy_bandwidth_tbps": "fast"}', ["meta.json", "copy_bandwidth_tbps"]),
     "meta-directory": (None, "DIR", ["meta.json", "is a directory"]),
+    "meta-run-started-int": (None, json.dumps({**META, "runs": [{**META["runs"][0], "started": 20261123}]}), ["meta.json", "run 0", "'started'"]),
+    "meta-run-copy-bandwidth-list": (None, json.dumps({**META, "runs": [{"copy_bandwidth": [4.0]}]}), ["meta.json", "run 0", "'copy_bandwidth'"]),
+    "meta-run-commit-number": (None, json.dumps({**META, "runs": [{"git_commit": 1234}]}), ["meta.json", "run 0", "'git_commit'"]),
+    "meta-versions-list": (None, json.dumps({**META, "versions": ["torch"]}), ["meta.json", "'versions'"]),
+    "meta-gpu-object": (None, json.dumps({**META, "gpu": {"name": "H100"}}), ["meta.json", "'gpu'"]),
 }
 
 
@@ -88,8 +102,12 @@ def test_report_files_of_the_wrong_shape(command, case, tmp_path, capsys):
         argv = ["merge", str(bad), str(_folder(tmp_path / "good"))]
     else:
         argv = ["merge", str(_folder(tmp_path / "good")), str(bad)]
+    good = tmp_path / "good"
+    before_good = _snapshot(good) if good.exists() else None
     _one_line_exit_2(argv, capsys, str(bad), *needles)
     assert _snapshot(bad) == before
+    if before_good is not None:  # the other folder of a merge, its destination included, as it was
+        assert _snapshot(good) == before_good
 
 
 @pytest.mark.parametrize("case", list(BAD_FILES))
@@ -104,13 +122,14 @@ def test_resume_refuses_a_damaged_folder_and_leaves_it_as_it_was(case, tmp_path)
 
 
 def test_resume_drops_only_a_cut_off_last_line_and_says_so(tmp_path, capsys):
-    d = _folder(tmp_path / "run", results=GOOD + json.dumps(_point(n=4096))[:30])
+    here = json.dumps({**META, "gpu": "cpu"})  # resumed on this machine's device
+    d = _folder(tmp_path / "run", results=GOOD + json.dumps(_point(n=4096))[:30], meta=here)
     run_bench([], ["rmsnorm"], ["fwd"], [], ["bf16"], d, resume=True, device="cpu", copy_bandwidth={"tbps": 1.0}, progress=False)
     assert (d / "results.jsonl").read_text() == GOOD  # the complete lines byte for byte, the cut one gone
     err = capsys.readouterr().err
     assert "line 3 is cut off" in err and len(err.strip().splitlines()) == 1
     # a complete last line without its newline is kept (and ended), not dropped
-    d2 = _folder(tmp_path / "run2", results=GOOD.rstrip("\n"))
+    d2 = _folder(tmp_path / "run2", results=GOOD.rstrip("\n"), meta=here)
     run_bench([], ["rmsnorm"], ["fwd"], [], ["bf16"], d2, resume=True, device="cpu", copy_bandwidth={"tbps": 1.0}, progress=False)
     assert (d2 / "results.jsonl").read_text() == GOOD
 
@@ -140,6 +159,22 @@ BAD_ARGS = [
     (["check", "--shapes", "2x3x0:column-slice"], "must be >= 1"),
     (["check", "--seed", "x"], "check: argument --seed"),
     (["check", "--nope"], "unrecognized arguments"),
+    # a seed torch cannot take (or folds onto another) is bad input, not an implementation's error
+    (["check", "--impl", "eager", "--seed", str(2**70)], "check: argument --seed: must be an integer from 0 to 2**63 - 1"),
+    (["check", "--impl", "eager", "--seed", str(2**63)], "check: argument --seed"),
+    (["check", "--impl", "eager", "--seed", "-1"], "check: argument --seed: must be an integer from 0"),
+    # an empty --impl would select every implementation (an empty --op is refused already)
+    (["check", "--impl", "", "--device", "cuda"], "check: argument --impl: '' names no implementation"),
+    (["check", "--impl", ",", "--device", "cuda"], "check: argument --impl: ',' names no implementation"),
+    (["bench", "--impl", " "], "bench: argument --impl"),
+    (["warm", "--out", "{T}/w", "--impl", ""], "warm: argument --impl"),
+    (["overhead", "--impl", "", "--device", "cuda"], "overhead: argument --impl"),
+    (["profile", "--impl", ""], "profile: argument --impl"),
+    (["tune", "--impl", ""], "tune: argument --impl"),
+    (["model", "--impl", "", "--device", "cuda"], "model: argument --impl"),
+    (["list", "--json", "--markdown"], "list: argument --markdown: not allowed with argument --json"),
+    (["list", "--update-readme", "--json", "--readme", "{T}/missing.md"], "not allowed with argument --update-readme"),
+    (["bench", "--resume", "--overwrite", "--out", "{GOOD}"], "bench: argument --overwrite: not allowed with argument --resume"),
     (["overhead", "--shape", "4x0"], "must be >= 1"),
     (["overhead", "--out", "{T}"], "is a folder"),
     (["codegen", "helion", "--out", "{BLOCKED}"], "not a folder"),
@@ -200,12 +235,15 @@ def test_every_option_has_help_text():
     assert not missing, missing
 
 
-@pytest.mark.skipif(os.geteuid() == 0 or shutil.which("chmod") is None, reason="root can write anywhere")
-def test_read_only_output_folder(tmp_path, capsys):
-    ro = tmp_path / "ro"
-    ro.mkdir()
-    ro.chmod(0o500)
-    try:
-        _one_line_exit_2(["check", "--impl", "eager", "--json", str(ro / "c.json")], capsys, "cannot write")
-    finally:
-        ro.chmod(0o700)
+@pytest.mark.parametrize("where", ["proc", "under-a-file"])
+def test_unwritable_output_folder(tmp_path, capsys, where):
+    """Paths that nobody can create, root included (CI runs as root): under /proc, and under a
+    regular file."""
+    if where == "proc":
+        if not Path("/proc").is_dir():
+            pytest.skip("no /proc on this system")
+        out, needle = "/proc/normbench/c.json", "cannot write"
+    else:
+        (tmp_path / "plain").write_text("")
+        out, needle = str(tmp_path / "plain" / "c.json"), "not a folder"
+    _one_line_exit_2(["check", "--impl", "eager", "--json", out], capsys, needle)

@@ -2,8 +2,11 @@
 global dynamo reset (which would throw away the user's own compiled functions). A counting backend
 stands in for Inductor, so dynamo's bookkeeping is tested without paying for code generation."""
 
+import itertools
+
 import torch
 
+from harness.spec import reference
 from impls.compile import kernels as K
 
 
@@ -79,3 +82,45 @@ def test_layernorm_overflow_is_nan_not_the_bias():
     w, b = torch.ones(64).bfloat16(), torch.full((64,), 0.5).bfloat16()
     y, _, rstd = K._ln_fwd(x, w, b, 1e-5)
     assert torch.isnan(y).all() and torch.isnan(rstd).all()
+
+
+EPS_VALUES = [float(e) for e in torch.logspace(-6, -1, 10, dtype=torch.float64)]
+
+
+def _small_rows(seed=5):
+    # mean(x^2) ~ 1e-4, inside the eps range: every eps value shows in the results
+    g = torch.Generator().manual_seed(seed)
+    x, residual = (torch.randn(6, 64, generator=g) * 0.01 for _ in range(2))
+    w, b = torch.randn(64, generator=g) * 0.5 + 1, torch.randn(64, generator=g) * 0.2
+    return x, residual, w, b
+
+
+def _assert_matches(got, want):
+    for g, r in zip(got, want):
+        torch.testing.assert_close(g.double(), r, rtol=2e-5, atol=1e-6)
+
+
+def test_eps_is_a_runtime_input_one_graph_for_ten_values():
+    backend, graphs = _counting()
+    c = K.make("default", backend=backend)
+    x, residual, w, b = _small_rows()
+    rstds = []
+    for eps in EPS_VALUES:
+        _assert_matches(c.rmsnorm_fwd(x, w, eps), reference.rmsnorm_fwd(x, w, eps))
+        _assert_matches(c.layernorm_fwd(x, w, b, eps), reference.layernorm_fwd(x, w, b, eps))
+        got = c.add_rmsnorm_fwd(x, residual, w, eps)
+        _assert_matches(got, reference.add_rmsnorm_fwd(x, residual, w, eps))
+        rstds.append(got[2])
+    assert len(graphs) == 3 and len(c._fns) == 3
+    assert all(not torch.equal(a, b) for a, b in itertools.pairwise(rstds))  # each call saw its own eps
+
+
+def test_eps_is_a_runtime_input_under_inductor():
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    counter = CompileCounterWithBackend("inductor")
+    c = K.make("default", backend=counter)
+    x, _, w, _ = _small_rows(6)
+    for eps in EPS_VALUES[::3]:
+        _assert_matches(c.rmsnorm_fwd(x, w, eps), reference.rmsnorm_fwd(x, w, eps))
+    assert counter.frame_count == 1

@@ -241,7 +241,6 @@ def test_compiled_functions_by_name_and_by_record(fresh_dynamo):
         y, h = add_rmsnorm(x, x.flip(0), w, 1e-5, impl=counting_impl.RECORD, weight_offset=1.0)
         return rmsnorm(y, w, 1e-5, impl="eager") + h
 
-    # (the eager run registers the record's ops before the compiled one looks them up by name)
     eager_matches_compiled(f, [torch.randn(3, 64, device=DEVICE), torch.randn(64, device=DEVICE)])
 
 

@@ -3,14 +3,18 @@ dtype (Gluon does not run in Triton's interpreter, so without a GPU this is what
 against fp64 (every op, add + RMSNorm, fp32 weights beside 16-bit x, overflowing statistics): the
 Gluon kernels on a GPU, their code with layouts erased under Triton's interpreter on the CPU."""
 
+import contextlib
 import importlib.util
 import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
 
-from harness.spec import reference
 from harness.run.checker import compare, poisoned_allocations
+from harness.spec import reference
 from harness.spec.contract import DTYPES
 from harness.spec.inputs import make_case
 from harness.spec.shapes import SHAPE_SETS
@@ -24,6 +28,8 @@ from .gpu_only_dsl import (
     compiling_or_skip,
     inputs,
 )
+
+ROOT = Path(__file__).resolve().parent.parent
 
 pytestmark = pytest.mark.skipif(
     importlib.util.find_spec("triton") is None or importlib.util.find_spec("triton.experimental.gluon") is None,
@@ -116,6 +122,108 @@ def test_every_kernel_compiles_for_sm90a(gluon_kernels, n, dtype, param_dtype):
 def test_compile_only_leaves_nothing_launched(gluon_kernels):
     """Outside ``compile_only`` a CPU tensor reaches a real launch, which fails loudly (no GPU)."""
     assert_compile_only_launches_nothing(gluon_kernels)
+
+
+class _Raising:
+    """A kernels module whose compile raises ``error``."""
+
+    def __init__(self, error):
+        self.error = error
+
+    def compile_only(self):
+        return contextlib.nullcontext([])
+
+    def rmsnorm_fwd(self, *args):
+        raise self.error
+
+
+def _chained(outer, cause):
+    try:
+        raise outer from cause
+    except ValueError as e:
+        return e
+
+
+@pytest.mark.parametrize(
+    "error,skips",
+    [
+        (RuntimeError("Cannot find ptxas"), True),
+        (FileNotFoundError("'tileiras' compiler not found, make sure it is available as a python package"), True),
+        (_chained(ValueError("compiling _fwd_kernel"), RuntimeError("Cannot find ptxas")), True),
+        # what the suite once skipped on: the compiler itself broken by an earlier test
+        (RuntimeError("at 9:11:\n    rows = gl.program_id(0) * ROWS"), False),
+        (RuntimeError("Cannot find ptxas-blackwell"), False),
+        (ValueError("Cannot find ptxas"), False),
+        (FileNotFoundError("[Errno 2] No such file or directory: 'cuobjdump'"), False),
+        (TypeError("BlockedLayout.__init__() got an unexpected keyword argument"), False),
+    ],
+    ids=["no-ptxas", "no-tileiras", "no-ptxas-under-a-wrapper", "compile-error", "other-tool", "other-type",
+         "other-file", "api-change"],
+)  # fmt: skip
+def test_a_compile_error_skips_only_for_a_missing_compiler(error, skips):
+    """compiling_or_skip: a skip names the compiler this machine lacks; any other error is the
+    test's failure (a skip would hide the kernels' compile coverage)."""
+    with pytest.raises(BaseException) as raised:
+        compiling_or_skip(_Raising(error), "X")
+    if skips:
+        assert isinstance(raised.value, pytest.skip.Exception), raised.value
+        assert "Cannot find ptxas" in str(raised.value) or "tileiras" in str(raised.value)
+    else:
+        assert raised.value is error, f"{type(raised.value).__name__}: {raised.value}"
+
+
+def test_a_layout_of_64_threads_per_warp_fails_to_compile_as_a_failure(monkeypatch):
+    """A mutant plan: BlockedLayouts whose threads per warp multiply to 64 on a 32-thread warp.
+    Its compile fails, and compiling_or_skip reports that as an error, not a skip."""
+    from impls.gluon import kernels, plan
+
+    monkeypatch.setattr(plan, "WARP", 64)
+    assert plan.tile(1024, 2).threads[0] * plan.tile(1024, 2).threads[1] == 64
+    with pytest.raises(BaseException) as raised:
+        compiling_or_skip(kernels, "Gluon cannot compile for sm_90a")
+    assert not isinstance(raised.value, pytest.skip.Exception), f"skipped: {raised.value}"
+
+
+ORDER_PROBE = """
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _row_sum(X, N: tl.constexpr):
+    x = tl.load(X + tl.arange(0, N))
+    tl.store(X, tl.sum(x, axis=0))  # tl.sum: a Triton function the interpreter calls in the kernel
+
+
+def test_a_kernel_in_the_interpreter():
+    x = torch.ones(16)
+    _row_sum[(1,)](x, 16)
+    assert x[0] == 16
+
+
+def test_gluon_then_compiles_for_sm90a():
+    from impls.gluon import kernels
+    from tests.gpu_only_dsl import compiling_or_skip
+
+    assert compiling_or_skip(kernels, "Gluon")
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(HAS_CUDA, reason="the interaction is the CPU interpreter's")
+def test_gluon_compiles_after_an_interpreted_kernel_in_the_same_process(tmp_path):
+    """In the suite's order (a Triton kernel run in the interpreter, then the Gluon compile), in a
+    fresh process under this suite's conftest, with an empty compile cache (a warm one hides a
+    broken compiler: it is never called)."""
+    (tmp_path / "test_order.py").write_text(ORDER_PROBE)
+    env = {**os.environ, "TRITON_CACHE_DIR": str(tmp_path / "cache"), "TRITON_INTERPRET": "1"}
+    out = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "tests.conftest", "-rs", str(tmp_path / "test_order.py")],
+        capture_output=True, text=True, cwd=ROOT, env=env, timeout=600,
+    )  # fmt: skip
+    summary = out.stdout.strip().splitlines()[-1] if out.stdout.strip() else out.stderr[-2000:]
+    assert out.returncode == 0 and "2 passed" in summary and "skipped" not in summary, out.stdout[-4000:]
 
 
 # ---------------------------------------------- against fp64: on a GPU, or layout-erased on the CPU

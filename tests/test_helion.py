@@ -543,3 +543,65 @@ def test_fused_add_backward_takes_longer_rows_configs_when_a_config_does_not_fit
     monkeypatch.setattr(kernels, "choose", lambda entry, x, rows=1.0: resident)
     with pytest.raises(OutOfResources):  # nothing smaller to take
         kernels.add_rmsnorm_bwd(dy, dres, h[:4].contiguous(), w, rstd[:4])
+
+
+# Helion's eager mode (the CPU path) runs every hl.tile loop as one tile: one row block, one row
+# tile in it, one dweight partial. A kernel that kept only the last row tile's (or the last block's)
+# contribution to dweight would pass there on every shape. The Triton that Helion generates, run
+# under Triton's interpreter with blocks of 4 rows walked 2 at a time, has several of each.
+import helion.language as hl  # noqa: E402
+
+
+@kernels.kernel(**kernels.COMPILED)
+def _rmsnorm_bwd_resident_last_tile_only(
+    dy: torch.Tensor, dresidual: torch.Tensor | None, x: torch.Tensor, weight: torch.Tensor | None, rstd: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    # kernels.rmsnorm_bwd_resident with the accumulator overwritten by each row tile
+    m, n = x.size()
+    n = hl.specialize(n)
+    rows_per_program = hl.register_block_size(m)
+    dx = torch.empty([m, n], dtype=x.dtype, device=x.device)
+    dw_partial = torch.empty([(m + rows_per_program - 1) // rows_per_program, n], dtype=torch.float32, device=x.device)
+    for block in hl.tile(m, block_size=rows_per_program):
+        dw_acc = hl.zeros([n], dtype=torch.float32)
+        for rows in hl.tile(block.begin, block.end):
+            rstd_rows = rstd[rows][:, None]
+            xhat = x[rows, :].to(torch.float32) * rstd_rows
+            dyf = dy[rows, :].to(torch.float32)
+            g = dyf
+            if weight is not None:
+                g = dyf * weight[None, :].to(torch.float32)
+            c = torch.sum(g * xhat, dim=-1) / n
+            dxf = (g - xhat * c[:, None]) * rstd_rows
+            if dresidual is not None:
+                dxf = dxf + dresidual[rows, :].to(torch.float32)
+            dx[rows, :] = dxf.to(x.dtype)
+            dw_acc = torch.sum(dyf * xhat, dim=0)
+        dw_partial[block.id, :] = dw_acc
+    return dx, dw_partial
+
+
+# M: one row; a block and a part (2 programs); three blocks, the last of one row; four whole blocks
+SEVERAL_M = (1, 5, 9, 16)
+
+
+def _dweight_over_tiles(monkeypatch, op: str, wide: bool) -> list[str]:
+    k = _pin(monkeypatch, op, wide, compiled=True)
+    bad = []
+    for m in SEVERAL_M:
+        case = drawn(op, Shape((m, 1003)), torch.float16 if op == "add_rmsnorm" else torch.bfloat16, torch.float32)
+        bad += [f"M={m} {r.name}: {r.reason}" for r in reports(k, op, "bwd", case) if not r.passed]
+    return bad
+
+
+@TRITON_INTERPRETER
+@pytest.mark.parametrize("wide", [False, True], ids=["resident", "split"])
+@pytest.mark.parametrize("op", list(OPS))
+def test_dweight_sums_every_row_tile_and_block(op, wide, monkeypatch, no_libdevice):
+    """dweight (and dbias) of the generated Triton on several M, so that a program walks several
+    row tiles and several programs write partials; a kernel keeping only the last tile's fails."""
+    assert not _dweight_over_tiles(monkeypatch, op, wide)
+    if (op, wide) == ("rmsnorm", False):
+        monkeypatch.setattr(kernels, "rmsnorm_bwd_resident", _rmsnorm_bwd_resident_last_tile_only)
+        bad = _dweight_over_tiles(monkeypatch, op, wide)
+        assert bad and all(b.split()[1] == "dweight:" for b in bad) and "M=1 " not in " ".join(bad), bad

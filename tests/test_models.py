@@ -121,6 +121,40 @@ def test_bad_input_is_one_line_and_exit_2(args, needle, capsys, tmp_path):
     assert rc == 2 and needle in err and len(err.splitlines()) == 1
 
 
+@pytest.mark.parametrize("where", ["a file", "under a file"])
+def test_an_output_path_that_is_no_folder_fails_before_any_training(where, tmp_path, monkeypatch, capsys):
+    blocker = tmp_path / "report.md"
+    blocker.write_text("kept")
+    out = blocker if where == "a file" else blocker / "models"
+
+    def train(*a, **k):
+        raise AssertionError("trained before the output path was checked")
+
+    monkeypatch.setattr(models, "run_arch", train)
+    rc = main(["model", "--arch", "llama", "--impl", "eager", "--device", "cpu", "--out", str(out)])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and len(err.splitlines()) == 1 and f"--out {out}" in err and "not a folder" in err, err
+    assert blocker.read_text() == "kept"
+
+
+def test_a_run_that_compared_nothing_fails_with_the_reasons(tmp_path, monkeypatch, capsys):
+    """As `check`: every selected implementation skipped is exit 1, with why, not a quiet 0."""
+    real = models.run_arch
+    trained = []
+    monkeypatch.setattr(models, "run_arch", lambda *a, **k: trained.append(a[0]) or real(*a, **k))
+    # GPU-only implementations on the CPU: known before any model is built
+    rc = main(["model", "--arch", "llama", "--impl", "quack,liger", "--device", "cpu", "--out", str(tmp_path / "a")])
+    err = capsys.readouterr().err.strip()
+    assert rc == 1 and trained == [] and len(err.splitlines()) == 1, err
+    assert "nothing was compared on cpu" in err and "quack: " in err and "liger: " in err and "cuda" in err
+    # an implementation without the model's op (an RMSNorm-only sample in GPT-2, whose norms are LayerNorms)
+    rc = main(["model", "--arch", "gpt2", "--size", "tiny", "--steps", "1", "--impl", "triton-rmsnorm-claude-20261122-1",
+               "--device", "cpu", "--out", str(tmp_path / "b")])  # fmt: skip
+    err = capsys.readouterr().err.strip()
+    assert rc == 1 and trained == ["gpt2"], err
+    assert "nothing was compared in gpt2 on cpu" in err and "does not provide layernorm" in err
+
+
 def test_without_transformers_one_line_and_exit_2(monkeypatch, capsys):
     monkeypatch.setattr(models.importlib.util, "find_spec", lambda name, *a: None if name == "transformers" else object())
     rc = main(["model", "--arch", "llama", "--device", "cpu"])

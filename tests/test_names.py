@@ -1,5 +1,6 @@
 """What the README promises a newcomer, and what committed files are called: the CPU install line,
-the LLM samples' recorded generator, and report folders named by what they hold."""
+the torch and triton CI pairs, the LLM samples' recorded generator, and report folders named by
+what they hold."""
 
 import json
 import re
@@ -24,6 +25,20 @@ def test_quick_start_gives_a_cpu_build_of_pytorch_and_ci_keeps_its_pin():
     # a full `normbench check` is long on a CPU: the Quick start says how to narrow it
     assert re.search(r"--impl [\w,]+", quick) and "--shapes smoke" in quick
     assert "pip install -q torch==2.13.0" in (ROOT / ".ci" / "run").read_text()
+
+
+def test_quick_start_and_ci_say_which_torch_and_triton_ci_pairs_and_why():
+    """CI pins torch 2.13 beside triton 3.9, which that torch's CUDA wheels do not pin: both places
+    say so, with the versions CI installs and why torch 2.15 is not an option there."""
+    ci = (ROOT / ".ci" / "run").read_text()
+    torch_pin = re.search(r"torch==([\d.]+)", ci).group(1)
+    triton_pin = re.search(r"'triton==([\d.]+)'", ci).group(1)
+    readme = (ROOT / "README.md").read_text()
+    quick = " ".join(readme[readme.index("## Quick start") : readme.index("## The contract")].split())
+    comments = " ".join(line.lstrip("# ") for line in ci.splitlines() if line.startswith("#"))
+    for text in (quick, comments):
+        assert f"torch {torch_pin}" in text and f"triton {triton_pin}" in text, text[:200]
+        assert "torch 2.15" in text and "2.14.1" in text and "interpreter" in text
 
 
 def test_llm_samples_record_the_model_and_how_it_was_run():

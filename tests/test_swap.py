@@ -1,6 +1,8 @@
 """swap_norms: what it replaces, what it keeps (parameters, state_dict keys, eps, Gemma's 1 + w), and
 that everything it leaves alone is listed."""
 
+import copy
+import dataclasses
 import warnings
 
 import pytest
@@ -11,6 +13,8 @@ from harness.integrate.swap import HF_RMSNORMS, swap_norms
 from harness.registry import get
 from harness.run.models import build_model, transformers_missing
 from harness.spec.tolerances import TOLERANCES
+
+from . import counting_impl
 
 WHY = transformers_missing()
 needs_transformers = pytest.mark.skipif(WHY is not None, reason=WHY or "")
@@ -176,3 +180,47 @@ def test_reswap_changes_the_implementation_and_bad_input_is_refused():
         swap_norms(model, "no-such-impl")
     with pytest.raises(TypeError, match="implementation name or record"):
         swap_norms(model, 3)
+
+
+def _normbench_norms(impl="eager"):
+    return torch.nn.ModuleDict(
+        {
+            "rms": autograd.RMSNorm(8, impl=impl),
+            "ln": autograd.LayerNorm(8, impl=impl),
+            "add": autograd.AddRMSNorm(8, impl=impl),
+        }
+    )
+
+
+def _run_counted(model, x):
+    counting_impl.CALLS.clear()
+    out = [model["rms"](x), model["ln"](x), model["add"](x, x.flip(0))[0]]
+    return dict(counting_impl.CALLS), out
+
+
+def test_reswap_runs_the_new_kernels_as_a_copy_does():
+    """Swapping normbench norms replaces the kernels they run, not only the name they report: the
+    module and a deepcopy of it run the same kernels and agree."""
+    model = _normbench_norms()
+    x = torch.randn(3, 8, generator=torch.Generator().manual_seed(0))
+    report = swap_norms(model, counting_impl.RECORD)
+    assert [s["op"] for s in report.swapped] == ["rmsnorm", "layernorm", "add_rmsnorm"]
+    assert all(f"impl={counting_impl.RECORD.name}" in repr(m) for m in model.values())
+    every = {"rmsnorm_fwd": 1, "layernorm_fwd": 1, "add_rmsnorm_fwd": 1}
+    calls, out = _run_counted(model, x)
+    calls_copy, out_copy = _run_counted(copy.deepcopy(model), x)
+    assert calls == calls_copy == every
+    for a, b in zip(out, out_copy):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    swap_norms(model, "eager")
+    assert _run_counted(model, x)[0] == {}
+
+
+def test_add_rmsnorm_swap_to_an_implementation_without_it_is_refused():
+    without = dataclasses.replace(counting_impl.RECORD, name="test-no-add-rmsnorm", ops=("rmsnorm", "layernorm"))
+    model = _normbench_norms(counting_impl.RECORD)
+    with pytest.raises(ValueError, match="'add'.*'test-no-add-rmsnorm' does not provide add_rmsnorm"):
+        swap_norms(model, without)
+    assert all(m.impl is counting_impl.RECORD for m in model.values())  # nothing changed
+    x = torch.randn(3, 8, generator=torch.Generator().manual_seed(1))
+    assert _run_counted(model, x)[0] == {"rmsnorm_fwd": 1, "layernorm_fwd": 1, "add_rmsnorm_fwd": 1}

@@ -25,6 +25,24 @@ add_rmsnorm's backward as None when residual_out was not used. The backward ops 
 the contract's backward treats the statistics as constants, so a second derivative through them
 would be wrong. ``torch.autograd.grad(..., create_graph=True)`` still works; differentiating its result
 raises ``NotImplementedError`` instead of returning a wrong number.
+
+torch.func: ``grad`` and ``vjp`` work (the eager twin is a setup_context-style autograd.Function);
+``vmap`` runs the kernels once per batch element (they have no batch dimension of their own, and a
+batched weight needs a dweight per element); ``jvp`` (forward mode) raises NotImplementedError: the
+contract has no forward-mode derivative.
+
+One set of ops per distinct record: records compare by their declared fields only, so two that
+differ only in ``options`` (another torch.compile mode) are equal; the ops are keyed like the loaded
+kernels (``harness.spec.loading``), by record and options. The registry's record of a name gets the
+plain prefix (``normbench::eager_rmsnorm_fwd``); any other record, a test's copy sharing the name
+included, gets a prefix of its own (``eager_2``).
+
+Bad arguments under torch.compile: dynamo reports an exception raised while it traces as its own
+error (``Unsupported``, ``TorchRuntimeError``), never as the ValueError / TypeError eager raises. The
+autograd functions and modules therefore validate before they call a forward op, and where that
+fails while tracing they put ``normbench::argument_error`` into the graph instead: it raises the eager
+error, type and message, when the graph runs (``deferred_error``). The ops' fake functions validate
+too, for a direct call of an op.
 """
 
 from __future__ import annotations
@@ -34,6 +52,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from harness.registry import all_implementations
 from harness.spec.contract import Implementation
 from harness.spec.ops import OPS, Arg, Op
 from harness.spec.validation import check_eps, check_like_x, check_stats, check_vector, check_x
@@ -100,8 +119,9 @@ def _metadata(sig: _Signature):
 
 
 def _validate(impl: Implementation, sig: _Signature, values):
-    """The contract's argument checks, run on fake tensors too: under torch.compile a bad argument
-    is the same clear ValueError / TypeError as in eager."""
+    """The contract's argument checks, run on fake tensors too: a direct call of an op under
+    torch.compile with a bad argument fails while it is traced (dynamo wraps the error; the autograd
+    layer validates before it calls an op: see the module docstring)."""
     ref = values[sig.ref]
     m, n = check_x(ref, impl, sig.args[sig.ref].name)
     for a, v in zip(sig.args, values):
@@ -247,6 +267,81 @@ def _no_double_backward(op_name: str):
     return backward, lambda ctx, inputs, output: None
 
 
+def _vmap_per_element(fn):
+    """A torch.func.vmap rule: ``fn`` once per batch element, its outputs stacked along dim 0. The
+    kernels take no batch dimension of their own, and folding the batch into the rows would sum
+    dweight over the whole batch where vmap wants one per element."""
+
+    def rule(info, in_dims, *args):
+        per = [
+            fn(*(a.select(d, i) if d is not None else a for a, d in zip(args, in_dims))) for i in range(info.batch_size)
+        ]
+        outs, dims = [], []
+        for column in zip(*per):
+            none = column[0] is None
+            outs.append(None if none else torch.stack(column))
+            dims.append(None if none else 0)
+        return tuple(outs), tuple(dims)
+
+    return rule
+
+
+def _no_jvp(op_name: str):
+    def jvp(ctx, *tangents):
+        raise NotImplementedError(
+            f"torch.func.jvp (forward-mode AD) through {op_name} is not supported: the kernels "
+            "provide a backward only. Use torch.func.vjp or torch.func.grad (reverse mode), or "
+            "torch.nn.functional.rms_norm / layer_norm where a forward-mode derivative is needed."
+        )
+
+    return jvp
+
+
+# ---------------------------------------------------------------- argument errors under torch.compile
+_ERRORS = {"ValueError": ValueError, "TypeError": TypeError}
+
+
+def _argument_error(like, kind: str, message: str):
+    raise _ERRORS.get(kind, ValueError)(message)
+
+
+def _argument_error_fake(like, kind: str, message: str):
+    return like.new_empty(like.shape) if like is not None else torch.empty(0)
+
+
+_argument_error_op = torch.library.custom_op(
+    f"{NAMESPACE}::argument_error",
+    _argument_error,
+    mutates_args=(),
+    schema="(Tensor? like, str kind, str message) -> Tensor",
+)
+_argument_error_op.register_fake(_argument_error_fake)
+# a formula, never run (the forward raises first), so that a graph tracing x's gradient through the
+# stand-in is still a graph
+_argument_error_op.register_autograd(
+    lambda ctx, grad: (None, None, None), setup_context=lambda ctx, inputs, output: None
+)
+if hasattr(_argument_error_op, "register_effect"):
+    # an effect orders the node and keeps it when its output is unused (a pure op would be dropped)
+    from torch._library.effects import EffectType
+
+    _argument_error_op.register_effect(EffectType.ORDERED)
+
+
+def deferred_error(like, error: Exception, n_outputs: int = 1) -> tuple:
+    """Inside torch.compile: ``n_outputs`` stand-ins shaped like ``like`` (x) whose graph node raises
+    ``error`` (its type and message) when the compiled code runs (see the module docstring)."""
+    like = like if isinstance(like, torch.Tensor) else None
+    kind = "TypeError" if isinstance(error, TypeError) else "ValueError"
+    out = getattr(torch.ops, NAMESPACE).argument_error(like, kind, error.args[0] if error.args else "")
+    return (out,) * n_outputs
+
+
+def missing_op(impl: Implementation, op: str) -> ValueError:
+    """The error for an op ``impl`` does not provide (raised eagerly, and where dynamo traces)."""
+    return ValueError(f"implementation '{impl.name}' does not provide {op} (it provides {', '.join(impl.ops)})")
+
+
 # ---------------------------------------------------------------- registration
 @dataclass(frozen=True)
 class NormOps:
@@ -274,19 +369,32 @@ class NormOps:
 
     def function(self, fn_name: str):
         if fn_name not in self.functions:
-            op, provided = fn_name.rpartition("_")[0], ", ".join(self.impl.ops)
-            raise ValueError(f"implementation '{self.impl.name}' does not provide {op} (it provides {provided})")
+            raise missing_op(self.impl, fn_name.rpartition("_")[0])
         return self.functions[fn_name]
 
 
-_REGISTERED: dict[Implementation, NormOps] = {}
-_BY_NAME: dict[str, NormOps] = {}  # the first record registered under each name
+def record_key(impl: Implementation) -> tuple:
+    """What tells two records' kernels apart: the record and its options (``options`` is left out of
+    the record's equality; ``harness.spec.loading`` keys its caches the same way)."""
+    return (impl, repr(sorted(impl.options.items())))
+
+
+_REGISTERED: dict[tuple, NormOps] = {}
 _PREFIXES: set[str] = set()
 
 
-def registered(name: str) -> NormOps | None:
-    """The ops already registered for the implementation called ``name``, if any."""
-    return _BY_NAME.get(name)
+def _prefix(impl: Implementation) -> str:
+    base = _identifier(impl.name)
+    official = all_implementations().get(impl.name)
+    # the registry's record keeps the plain name whatever was registered first; a copy sharing its
+    # name (other kernels, other options) must not take it
+    i = 2 if official is not None and record_key(official) != record_key(impl) else 1
+    prefix = base if i == 1 else f"{base}_{i}"
+    while prefix in _PREFIXES:  # two records with one sanitised name ('a-b', 'a_b')
+        i += 1
+        prefix = f"{base}_{i}"
+    _PREFIXES.add(prefix)
+    return prefix
 
 
 def _define(impl: Implementation, qualname: str, fn_name: str, args, outputs):
@@ -296,10 +404,11 @@ def _define(impl: Implementation, qualname: str, fn_name: str, args, outputs):
         f"{NAMESPACE}::{qualname}", _real(impl, fn_name, sig, op=True), mutates_args=(), schema=_schema(args, outputs)
     )
     opdef.register_fake(_fake(impl, sig))
+    opdef.register_vmap(_vmap_per_element(getattr(getattr(torch.ops, NAMESPACE), qualname).default))
     return opdef, _real(impl, fn_name, sig, op=False)
 
 
-def _eager(op: Op, fwd_run, bwd_run, bwd_overload):
+def _eager(op: Op, op_name: str, fwd_run, bwd_run):
     """``op``'s forward as a torch.autograd.Function around the functions the custom ops wrap.
 
     Why a twin: a Python custom op pays its dispatch (autograd wrapper, redispatch, the dynamo guard
@@ -307,39 +416,51 @@ def _eager(op: Op, fwd_run, bwd_run, bwd_overload):
     through the custom ops cost 757-1594 us of host time against 160 us for
     torch.nn.functional.rms_norm (``reports/experiments/overhead/before-eager_twin/overhead-4x4096-bf16.json``), which
     made every small model slower with a faster kernel. Outside torch.compile nothing needs the op to
-    be opaque, so eager calls take this twin; compiled code still sees the custom ops. A backward run
-    with create_graph=True goes through the backward custom op, whose registered autograd raises the
-    double-backward error."""
+    be opaque, so eager calls take this twin; compiled code still sees the custom ops.
+
+    Its backward calls the contract's backward directly, or, where that result could be
+    differentiated again (create_graph=True) or sits under a torch.func transform, through a second
+    Function whose derivative raises the double-backward error and which has a vmap rule (a custom
+    op's registered autograd does not run under torch.func)."""
+    in_transform = torch._C._functorch.peek_interpreter_stack
+    no_second, _ = _no_double_backward(op_name)
+
+    class EagerBackward(torch.autograd.Function):
+        forward = staticmethod(bwd_run)
+        backward = staticmethod(no_second)
+        vmap = staticmethod(_vmap_per_element(bwd_run))
+
+        @staticmethod
+        def setup_context(ctx, inputs, output):
+            pass
 
     def bwd(*values):
-        return (bwd_overload if torch.is_grad_enabled() else bwd_run)(*values)
+        if torch.is_grad_enabled() or in_transform() is not None:
+            return EagerBackward.apply(*values)
+        return bwd_run(*values)
 
-    differentiate, setup_context = _autograd(op, bwd)
-
-    def run_forward(ctx, *inputs):
-        out = fwd_run(*inputs)
-        setup_context(ctx, inputs, out)
-        return out
+    differentiate, setup = _autograd(op, bwd)
 
     class Eager(torch.autograd.Function):
-        # the closures themselves, not methods calling them: one Python frame less per call
-        forward = staticmethod(run_forward)
+        # the closures themselves, not methods calling them: one Python frame less per call; forward
+        # and setup_context apart, as torch.func's transforms need
+        forward = staticmethod(fwd_run)
+        setup_context = staticmethod(setup)
         backward = staticmethod(differentiate)
+        vmap = staticmethod(_vmap_per_element(fwd_run))
+        jvp = staticmethod(_no_jvp(op_name))
 
     Eager.__name__ = Eager.__qualname__ = f"{op.name}_eager"
+    EagerBackward.__name__ = EagerBackward.__qualname__ = f"{op.name}_eager_backward"
     return Eager.apply
 
 
 def ops_for(impl: Implementation) -> NormOps:
     """The custom ops of ``impl`` (registered on first use; importing the kernels waits for a call)."""
-    if impl in _REGISTERED:
-        return _REGISTERED[impl]
-    base = _identifier(impl.name)
-    prefix, i = base, 1
-    while prefix in _PREFIXES:  # two records with one sanitised name ('a-b', 'a_b', a test's copy)
-        i += 1
-        prefix = f"{base}_{i}"
-    _PREFIXES.add(prefix)
+    key = record_key(impl)
+    if key in _REGISTERED:
+        return _REGISTERED[key]
+    prefix = _prefix(impl)
     found, eager = {}, {}
     for name in impl.ops:
         op = OPS[name]
@@ -352,7 +473,6 @@ def ops_for(impl: Implementation) -> NormOps:
         fwd.register_autograd(backward, setup_context=setup)
         found[f"{name}_fwd"] = getattr(getattr(torch.ops, NAMESPACE), f"{prefix}_{name}_fwd").default
         found[f"{name}_bwd"] = bwd_overload
-        eager[f"{name}_fwd"] = _eager(op, fwd_run, bwd_run, bwd_overload)
-    _REGISTERED[impl] = NormOps(impl, prefix, found, eager)
-    _BY_NAME.setdefault(impl.name, _REGISTERED[impl])
-    return _REGISTERED[impl]
+        eager[f"{name}_fwd"] = _eager(op, f"{NAMESPACE}::{prefix}_{name}", fwd_run, bwd_run)
+    _REGISTERED[key] = NormOps(impl, prefix, found, eager)
+    return _REGISTERED[key]

@@ -14,7 +14,10 @@ What is swapped, and by what:
   and k_norm normalize over head_dim) and Gemma, Gemma2 and Gemma3, which scale by ``(1 + w)`` in fp32
   and store ``eps``: their replacement gets ``weight_offset=1.0``, so the same parameter (zeros at
   init) means the same function.
-* normbench norms already in the model get the new implementation.
+* normbench norms already in the model get the new implementation: their ops are replaced in
+  place (``set_impl``), so the module runs the new kernels, as a copy of it would. An ``AddRMSNorm``
+  (whose forward takes a residual: nothing else can stand in for it) meeting an implementation
+  without add_rmsnorm is a ValueError naming both, raised before anything is changed.
 
 Design decisions:
 
@@ -114,6 +117,8 @@ class SwapReport:
 def _classify(mod: torch.nn.Module) -> tuple[NormClass | None, str]:
     """(how to read it, '') for a module swap_norms replaces; (None, why not) otherwise."""
     cls = type(mod)
+    if isinstance(mod, autograd.AddRMSNorm):
+        return NormClass("add_rmsnorm", "eps"), ""
     if isinstance(mod, (autograd.RMSNorm, autograd.LayerNorm)):
         return NormClass("rmsnorm" if isinstance(mod, autograd.RMSNorm) else "layernorm", "eps"), ""
     if cls in (torch.nn.RMSNorm, torch.nn.LayerNorm):
@@ -166,7 +171,8 @@ def swap_norms(model: torch.nn.Module, impl: str | Implementation = "eager", *, 
     what was not (also warned), and which residual adds stay unfused.
 
     A norm whose op ``impl`` does not provide (e.g. a LayerNorm-only implementation meeting an
-    RMSNorm) is listed as not swapped, with that reason."""
+    RMSNorm) is listed as not swapped, with that reason; an AddRMSNorm is a ValueError instead (see
+    the module docstring)."""
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     if isinstance(impl, str):
@@ -181,6 +187,12 @@ def swap_norms(model: torch.nn.Module, impl: str | Implementation = "eager", *, 
             report.not_fused.append({**_entry(name, mod), "reason": NOT_FUSED_REASON})
         spec, why = _classify(mod)
         if spec is not None and spec.op not in impl.ops:
+            if spec.op == "add_rmsnorm":
+                where = f"module '{name}'" if name else "the model"
+                raise ValueError(
+                    f"{where} is an AddRMSNorm, and implementation '{impl.name}' does not provide "
+                    f"add_rmsnorm (it provides {', '.join(impl.ops)})"
+                )
             spec, why = None, f"'{impl.name}' does not provide {spec.op}"
         if spec is not None:
             plan.append((name, mod, spec))
@@ -188,7 +200,7 @@ def swap_norms(model: torch.nn.Module, impl: str | Implementation = "eager", *, 
             report.unknown.append({**_entry(name, mod), "reason": why})
     for name, mod, spec in plan:
         if isinstance(mod, (autograd.RMSNorm, autograd.LayerNorm)):
-            mod.impl = impl
+            mod.set_impl(impl)
         else:
             _set_submodule(model, name, _replacement(mod, spec, impl))
         eps = getattr(mod, spec.eps_attr)

@@ -6,11 +6,16 @@
 * ``leaderboard`` in reports/LEADERBOARD.md: every GPU's ranked tables and plots
   (both by ``normbench report --update-leaderboard``, from the current report of each GPU).
 
+Where a GPU's report folder holds ``checks/invariance.json`` (``normbench check --invariance --json``),
+both also show that GPU's batch invariance and determinism per implementation; where it does not,
+nothing is added.
+
 Tests regenerate each one and compare it with the committed file, so none goes stale.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from pathlib import Path
@@ -18,9 +23,13 @@ from pathlib import Path
 from harness.registry import all_implementations
 from harness.results import rank
 from harness.results.report import load, markdown
+from harness.spec.ops import OPS
 
 LEADERBOARD = Path("reports/LEADERBOARD.md")
 README = Path("README.md")
+# in a GPU's report folder: what `normbench check --invariance --json` wrote there
+INVARIANCE = Path("checks/invariance.json")
+PROPERTIES = (("batch_invariant_fwd", "batch-invariant fwd"), ("batch_invariant_bwd", "batch-invariant bwd"), ("deterministic", "deterministic"))
 
 
 def markers(name: str) -> tuple[str, str]:
@@ -71,6 +80,89 @@ def _rel(target: Path, start: Path) -> str:
     return Path(os.path.relpath(target, start)).as_posix()
 
 
+# ---------------------------------------------------------------- batch invariance
+def invariance_rows(report_dir: Path) -> list[dict] | None:
+    """The invariance results of a GPU's report folder (one dict per implementation and op), or None
+    when it has no ``checks/invariance.json``; a ValueError naming the file when it is not what
+    ``normbench check --invariance --json`` writes."""
+    path = Path(report_dir) / INVARIANCE
+    if not path.is_file():
+        return None
+    try:
+        rows = json.loads(path.read_text()).get("invariance")
+    except (json.JSONDecodeError, AttributeError) as e:
+        raise ValueError(f"{path}: not a JSON object ({e})") from None
+    keys = {"impl", "op", *(p for p, _ in PROPERTIES)}
+    if not isinstance(rows, list) or not all(isinstance(r, dict) and keys <= r.keys() for r in rows):
+        raise ValueError(f"{path}: no 'invariance' list of results (write it with normbench check --invariance --json)")
+    for i, r in enumerate(rows):
+        bad = [p for p, _ in PROPERTIES if r[p] not in (True, False, None)]
+        if bad or not isinstance(r.get("mismatches", {}), dict):
+            raise ValueError(f"{path}: invariance result {i} ({r['impl']} {r['op']}): {', '.join(bad) or 'mismatches'} is not what check writes")
+    return rows
+
+
+def _cell(text: str) -> str:
+    """``text`` fit for one Markdown table cell."""
+    return " ".join(str(text).split()).replace("|", "\\|")
+
+
+def _impl_order(name: str) -> tuple:
+    impl = all_implementations().get(name)
+    return (impl.external, impl.dsl, name) if impl else (True, "~", name)
+
+
+def _mark(value) -> str:
+    return {True: "yes", False: "**no**", None: "–"}[value]
+
+
+def invariance_detail(rows: list[dict]) -> list[str]:
+    """Markdown for the leaderboard: per implementation, each op's three properties, and the first
+    mismatch of each that does not hold."""
+    ops = [o for o in OPS if any(r["op"] == o for r in rows)]
+    by = {(r["impl"], r["op"]): r for r in rows}
+    batches = " or ".join(map(str, rows[0].get("batches", ()))) or "several"
+    out = [f"Batch-invariant: a row's outputs bitwise the same in a batch of {batches} rows, first, middle or last "
+           "(forward: y, statistics, residual_out; backward: dx / dh). Deterministic: every output, dweight and dbias "
+           "included, bitwise the same in three runs. Each cell: fwd / bwd / deterministic.", "",
+           "| implementation | " + " | ".join(ops) + " | first mismatch |", "|---|" + "---|" * (len(ops) + 1)]  # fmt: skip
+    for name in sorted({r["impl"] for r in rows}, key=_impl_order):
+        cells, notes = [], []
+        for o in ops:
+            r = by.get((name, o))
+            if r is None:
+                cells.append("")
+                continue
+            cells.append(" / ".join(_mark(r[p]) for p, _ in PROPERTIES) if r.get("status", "done") != "skip" else "skipped")
+            for p, label in PROPERTIES:
+                m = r.get("mismatches", {}).get(p)
+                if m:
+                    params = "" if m.get("weights", "same") == "same" else f"+{m['weights']}"
+                    where = f"run {m['run'] + 1}" if m.get("run") is not None else f"row {m.get('row')} of {m.get('batch')}"
+                    notes.append(f"{o} {label}: {m['tensor']} ({m['dtype']}{params}, N={m['n']}, {where}, max diff {m['max_abs']:.2g})")
+            if r.get("status") == "error":
+                notes.append(f"{o}: error: {r.get('error', '')[:120]}")
+        out.append(f"| `{name}` | " + " | ".join(cells) + f" | {_cell('; '.join(notes))} |")
+    return out
+
+
+def invariance_summary(rows: list[dict]) -> list[str]:
+    """Markdown for the README: per implementation, whether each property holds for every op it
+    provides (the ops where it does not, otherwise)."""
+    out = ["| implementation | " + " | ".join(label for _, label in PROPERTIES) + " |", "|---|" + "---|" * len(PROPERTIES)]
+    for name in sorted({r["impl"] for r in rows}, key=_impl_order):
+        mine = [r for r in rows if r["impl"] == name and r.get("status", "done") != "skip"]
+        cells = []
+        for p, _ in PROPERTIES:
+            no = [r["op"] for r in mine if r[p] is False]
+            unknown = [r["op"] for r in mine if r[p] is None]
+            cells.append(f"no ({', '.join(no)})" if no else "–" if not mine or len(unknown) == len(mine) else
+                         "yes" if not unknown else f"yes ({', '.join(unknown)}: –)")  # fmt: skip
+        out.append(f"| `{name}` | " + " | ".join(cells) + " |")
+    return out
+
+
+# ---------------------------------------------------------------- leaderboard and summary
 def leaderboard(report_dirs: list[Path], where: Path = LEADERBOARD) -> str:
     """Each GPU's ranked tables and plots (the per-shape tables stay in its report.md)."""
     body = ["Generated by `normbench report --update-leaderboard` from the current report of each GPU. Do not edit by hand.", ""]
@@ -87,6 +179,10 @@ def leaderboard(report_dirs: list[Path], where: Path = LEADERBOARD) -> str:
             if not skip:
                 body.append(line.replace("## ", "### ", 1) if line.startswith("## ") else line)
         body.append("")
+        inv = invariance_rows(d)
+        if inv:
+            body += ["### Batch invariance and determinism", "", f"From [`{rel}{INVARIANCE.as_posix()}`]({rel}{INVARIANCE.as_posix()}).", ""]
+            body += invariance_detail(inv) + [""]
     return "\n".join(body)
 
 
@@ -111,6 +207,11 @@ def summary(report_dirs: list[Path], where: Path = README, leaderboard_path: Pat
             cells = [f"{best[(o, dr)][x].score * 100:.0f}%" if x in best[(o, dr)] else "–" for x in cols]
             out.append(f"| {o} {dr} | " + " | ".join(cells) + " |")
         out.append("")
+        inv = invariance_rows(d)
+        if inv:
+            out += [f"Batch invariance and determinism on the {meta.get('gpu', d.name)} (every op of an implementation; "
+                    f"per op and the first mismatch in [{leaderboard_path.name}]({_rel(leaderboard_path, where.parent)})):", ""]  # fmt: skip
+            out += invariance_summary(inv) + [""]
     return "\n".join(out)
 
 

@@ -5,6 +5,9 @@
   that failed its check or raised counts as attempted, never as passed; unavailable ones as neither);
 * speedup vs eager = geometric mean of eager's time / its time over the points both passed;
 * per-shape winner: the fastest passed point at each shape;
+* order: an implementation that passed fewer shapes than the section holds ranks below every one
+  that passed all of them, whatever its score (a geomean over the four easiest of eleven shapes is
+  no rival for one over all eleven); its row stays, marked partial;
 * per DSL: the best-scoring implementation of each DSL side by side (one measured on every shape
   before one measured on some).
 
@@ -33,10 +36,16 @@ class Ranked:
     speedup: float | None
     noisy: int
     us: float | None = None  # geomean time per call, microseconds
+    shapes: int = 0  # how many shapes the section holds (measured by any implementation)
+
+    @property
+    def partial(self) -> bool:
+        """Passed on fewer shapes than the section holds."""
+        return self.passed < self.shapes
 
     @property
     def coverage(self) -> str:
-        return f"{self.passed}/{self.attempted}"
+        return f"{self.passed}/{self.attempted}" + (" (partial)" if self.partial else "")
 
 
 def geomean(xs) -> float | None:
@@ -62,6 +71,7 @@ def _rows(rows, op, direction, shape_set, dtype):
 
 def leaderboard(rows: list[dict], op: str, direction: str, shape_set: str = "sweep", dtype: str = "bf16") -> list[Ranked]:
     sel = _rows(rows, op, direction, shape_set, dtype)
+    shapes = len({r["shape"] for r in sel})
     base = {r["shape"]: r["ms"] for r in sel if r["impl"] == BASELINE and r["status"] == "ok"}
     out = []
     for name in sorted({r["impl"] for r in sel}):
@@ -83,9 +93,10 @@ def leaderboard(rows: list[dict], op: str, direction: str, shape_set: str = "swe
                 speed,
                 sum(1 for r in ok if r.get("noisy")),
                 geomean(r["ms"] * 1e3 for r in ok if r.get("ms")),
+                shapes,
             )
         )
-    out.sort(key=lambda r: (r.score is None, -(r.score or 0), r.impl))
+    out.sort(key=lambda r: (r.partial, r.score is None, -(r.score or 0), r.impl))
     return out
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 from harness.results import rank
 from harness.results.counters import fmt
 from harness.results.counters import markdown as counters
-from harness.results.store import load_results, read_meta
+from harness.results.store import PROFILE_FILE, load_results, read_meta, read_profile
 from harness.spec.errors import plain_text
 
 CSV_FIELDS = (
@@ -19,8 +19,8 @@ CSV_FIELDS = (
 
 
 def load(report_dir: Path) -> tuple[dict, list[dict]]:
-    """meta.json (``{}`` when absent) and the points of a benchmark folder; a one-line ValueError
-    naming the file and line for anything else."""
+    """meta.json (``{}`` when absent) and the points of a benchmark folder, its profile.json (when
+    present) checked too; a one-line ValueError naming the file and line for anything else."""
     report_dir = Path(report_dir)
     if not report_dir.is_dir():
         raise ValueError(f"{report_dir}: no such benchmark folder" if not report_dir.exists() else f"{report_dir}: not a folder")
@@ -29,7 +29,15 @@ def load(report_dir: Path) -> tuple[dict, list[dict]]:
         raise ValueError(f"no results.jsonl in {report_dir}")
     meta_path = report_dir / "meta.json"
     meta = read_meta(meta_path) if meta_path.exists() else {}
-    return meta, load_results(res)
+    rows = load_results(res)
+    _check_profile(report_dir)
+    return meta, rows
+
+
+def _check_profile(report_dir: Path) -> None:
+    """The counters table reads profile.json as it is: it must be what `profile` writes."""
+    if (Path(report_dir) / PROFILE_FILE).exists():
+        read_profile(Path(report_dir) / PROFILE_FILE)
 
 
 def newest_report(root: Path = Path("reports")) -> Path:
@@ -46,7 +54,7 @@ def _name(r: rank.Ranked) -> str:
 
 def markdown(meta: dict, rows: list[dict], rel_plots: str | None = "") -> str:
     roof = meta.get("copy_bandwidth_tbps")
-    v = meta.get("versions", {})
+    v = meta.get("versions") or {}
     lines = [
         f"# normbench results — {meta.get('gpu', '?')}",
         "",
@@ -73,6 +81,8 @@ def markdown(meta: dict, rows: list[dict], rel_plots: str | None = "") -> str:
             pct = fmt(r.score * 100 if r.score else None, "{:.1f}%")
             lines.append(f"| {i} | {_name(r)} | {r.dsl} | {pct} | {fmt(r.tbps)} | {fmt(r.us, '{:.1f}')} | {r.coverage} | {fmt(r.speedup, '{:.2f}x')} | {r.noisy} |")
         lines.append("")
+        if any(r.partial for r in board):
+            lines += [f"(partial: passed on fewer than the section's {board[0].shapes} shapes; ranked below every implementation that passed all of them.)", ""]
         lines += _shape_table(rows, op, direction, shape_set, dtype)
         if rel_plots is not None and shape_set in PLOTTED:
             lines += [f"![{op} {direction}]({rel_plots}plot-{op}-{direction}-{dtype}.png)", ""]
@@ -144,7 +154,7 @@ def _run_lines(meta: dict) -> list[str]:
 
 
 def _copy_line(meta: dict, roof) -> str:
-    runs = [r["copy_bandwidth"]["tbps"] for r in meta.get("runs", []) if r.get("copy_bandwidth")]
+    runs = [r["copy_bandwidth"]["tbps"] for r in meta.get("runs", []) if (r.get("copy_bandwidth") or {}).get("tbps")]
     if len(runs) > 1:
         each = ", ".join(f"{t:.2f}" for t in runs)
         return (f"Copy bandwidth (device-to-device copy, bytes read + written), measured at the start of each of the "
@@ -212,47 +222,103 @@ def write_csv(rows: list[dict], path: Path):
 # shows where it falls off between them.
 PLOTTED = ("sweep", "between")
 
+# Distinct colours (tab10, then the most distinct of matplotlib's other qualitative maps, none
+# near white or black), one per implementation in the order of ``colours``.
+PALETTE = (
+    "#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf",
+    "#fdae6b", "#f0027f", "#393b79", "#6baed6", "#bcbddc", "#d6616b", "#7fc97f", "#1b9e77", "#c49c94", "#a6761d",
+    "#66a61e", "#6a3d9a", "#8ca252", "#637939", "#e6ab02", "#d95f02", "#9e9ac8", "#fb9a99", "#a55194", "#fd8d3c",
+)  # fmt: skip
+FAILED_LABEL = "x: failed its check or raised (drawn at 0)"
 
-def plots(meta: dict, rows: list[dict], out_dir: Path) -> list[Path]:
+
+def colours(names=()) -> dict[str, str]:
+    """One colour per implementation, the same in every plot of every report: the registry's names
+    in sorted order take the palette in turn, then any other name in ``names`` (rows of an
+    implementation no longer registered) in sorted order; past the palette, evenly spaced hues."""
+    import colorsys
+
+    from harness.registry import all_implementations
+
+    known = sorted(all_implementations())
+    order = known + sorted(set(names) - set(known))
+
+    def colour(i: int) -> str:
+        if i < len(PALETTE):
+            return PALETTE[i]
+        k = i - len(PALETTE)
+        r, g, b = colorsys.hsv_to_rgb((k * 0.618033988749895) % 1.0, 0.55 + 0.4 * (k % 2), 0.55 + 0.1 * (k % 3))
+        return f"#{round(r * 255):02x}{round(g * 255):02x}{round(b * 255):02x}"
+
+    return {name: colour(i) for i, name in enumerate(order)}
+
+
+def _text(s) -> str:
+    """A label as matplotlib draws it verbatim ('$' would start mathtext)."""
+    return str(s).replace("$", r"\$")
+
+
+def figure(meta: dict, rows: list[dict], op: str, direction: str, dtype: str, colors: dict | None = None):
+    """The plot of one op, direction and dtype (a matplotlib Figure, or None when it has no point
+    that was attempted): passed points as lines (sweep) and hollow diamonds (between), failed and
+    crashed ones as an x at 0 in their implementation's colour."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     roof = meta.get("copy_bandwidth_tbps")
+    keys = {(op, direction, s, dtype) for s in PLOTTED}
+    mine = [r for r in rows if rank.section_of(r) in keys and r["status"] != "skip"]
+    if not mine:
+        return None
+    colors = colors or colours(r["impl"] for r in rows)
+    fig, ax = plt.subplots(figsize=(12, 5.5))
+    names = sorted({r["impl"] for r in mine})
+    for name in names:
+        pts = [r for r in mine if r["impl"] == name]
+        ext = any(r.get("external") for r in pts)
+        label = _text(f"{name}{' (external)' if ext else ''}")
+        ok = sorted((r["N"], r["tbps"]) for r in pts if r["status"] == "ok" and r["shape_set"] == "sweep")
+        if ok:
+            ax.plot([p[0] for p in ok], [p[1] for p in ok], marker="o", ls="--" if ext else "-", color=colors[name], label=label)
+            label = None  # one legend entry per implementation
+        off = sorted((r["N"], r["tbps"]) for r in pts if r["status"] == "ok" and r["shape_set"] == "between")
+        if off:
+            ax.scatter([p[0] for p in off], [p[1] for p in off], marker="D", facecolors="none", edgecolors=[colors[name]], label=label)
+            label = None
+        bad = sorted(r["N"] for r in pts if r["status"] in ("failed", "error"))
+        if bad:
+            # at the floor, unclipped: a point that failed would otherwise leave no mark at all
+            ax.scatter(bad, [0] * len(bad), marker="x", color=colors[name], s=60, clip_on=False, zorder=3, label=label, gid=f"failed:{name}")
+    if any(r["status"] in ("failed", "error") for r in mine):
+        ax.plot([], [], ls="none", marker="x", color="k", label=FAILED_LABEL)
+    if roof:
+        ax.axhline(roof, color="k", lw=1.5, label=f"copy bandwidth {roof:.2f} TB/s")
+        ax.axhline(0.9 * roof, color="k", lw=0.8, ls=":", label="90% of copy")
+    ax.set_xscale("log", base=2)
+    between = any(r["shape_set"] == "between" for r in mine)
+    ax.set_xlabel("N (hidden size); M x N = 2^27" + ("; hollow diamonds: N between the sweep's" if between else ""))
+    ax.set_ylabel("TB/s (main bytes / time)")
+    ax.set_title(_text(f"{op} {direction}, {dtype} — {meta.get('gpu') or ''}"))
+    ax.set_ylim(bottom=0)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    fig.tight_layout()
+    return fig
+
+
+def plots(meta: dict, rows: list[dict], out_dir: Path) -> list[Path]:
+    import matplotlib.pyplot as plt
+
     written = []
+    colors = colours(r["impl"] for r in rows)
     figures = sorted({(op, direction, dtype) for op, direction, shape_set, dtype in rank.sections(rows) if shape_set in PLOTTED})
     for op, direction, dtype in figures:
-        keys = {(op, direction, s, dtype) for s in PLOTTED}
-        sel = [r for r in rows if rank.section_of(r) in keys and r["status"] == "ok"]
-        if not sel:
+        fig = figure(meta, rows, op, direction, dtype, colors)
+        if fig is None:
             continue
-        fig, ax = plt.subplots(figsize=(12, 5.5))
-        names = sorted({r["impl"] for r in sel})
-        colors = {name: plt.cm.tab20(i % 20) for i, name in enumerate(names)}
-        for name in names:
-            ext = next(r.get("external") for r in sel if r["impl"] == name)
-            label = f"{name}{' (external)' if ext else ''}"
-            pts = sorted((r["N"], r["tbps"]) for r in sel if r["impl"] == name and r["shape_set"] == "sweep")
-            if pts:
-                ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", ls="--" if ext else "-", color=colors[name], label=label)
-                label = None  # one legend entry per implementation
-            off = sorted((r["N"], r["tbps"]) for r in sel if r["impl"] == name and r["shape_set"] == "between")
-            if off:
-                ax.scatter([p[0] for p in off], [p[1] for p in off], marker="D", facecolors="none", edgecolors=[colors[name]], label=label)
-        if roof:
-            ax.axhline(roof, color="k", lw=1.5, label=f"copy bandwidth {roof:.2f} TB/s")
-            ax.axhline(0.9 * roof, color="k", lw=0.8, ls=":", label="90% of copy")
-        ax.set_xscale("log", base=2)
-        between = any(r["shape_set"] == "between" for r in sel)
-        ax.set_xlabel("N (hidden size); M x N = 2^27" + ("; hollow diamonds: N between the sweep's" if between else ""))
-        ax.set_ylabel("TB/s (main bytes / time)")
-        ax.set_title(f"{op} {direction}, {dtype} — {meta.get('gpu', '')}")
-        ax.set_ylim(bottom=0)
-        ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
-        fig.tight_layout()
-        path = out_dir / f"plot-{op}-{direction}-{dtype}.png"
+        path = Path(out_dir) / f"plot-{op}-{direction}-{dtype}.png"
         fig.savefig(path, dpi=110)
         plt.close(fig)
         written.append(path)
@@ -265,6 +331,8 @@ def write_report(report_dir: Path, meta: dict | None = None, rows: list[dict] | 
     report_dir = Path(report_dir)
     if meta is None or rows is None:
         meta, rows = load(report_dir)
+    else:
+        _check_profile(report_dir)
     write_csv(rows, report_dir / "results.csv")
     pngs = plots(meta, rows, report_dir)
 

@@ -25,7 +25,17 @@ from pathlib import Path
 
 import torch
 
-from harness.results.store import _end_with_complete_line, load_results, point_key, read_meta
+from harness.results.store import (
+    PROFILE_FILE,
+    _end_with_complete_line,
+    folder_lock,
+    meta_text,
+    note_cut,
+    point_key,
+    read_meta,
+    read_results,
+    write_atomically,
+)
 from harness.run.checker import run_check
 from harness.run.environment import environment, slug
 from harness.run.timer import GRAPH_CALLS, GRAPH_SHAPE_SETS, NOISY_SPREAD, TRIALS, CudaTimer, summarize
@@ -192,24 +202,52 @@ def run_bench(
     weights=("same",),
 ) -> list[dict]:
     """Run the benchmark, appending to ``out_dir/results.jsonl``; returns the folder's meta and all
-    its rows (those kept by ``resume`` and those measured now), for the report to take as they are."""
+    its rows (those kept by ``resume`` and those measured now), for the report to take as they are.
+
+    The folder is held for the whole run (``folder_lock``): a second `bench` or a `merge` of it is
+    refused while this one runs, so meta.json, read under the lock, records every run. ``resume``
+    refuses a folder measured on another GPU; without it, the run starts the folder over, removing
+    what the last one derived from its points (report, CSV, plots, counters)."""
+    out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
+    with folder_lock(out_dir, "bench"):
+        return _run_bench(impls, ops, directions, shape_sets, dtypes, out_dir, resume, device, timer, copy_bandwidth,
+                          command, progress, weights)  # fmt: skip
+
+
+# What a run, `report` and `profile` write into a benchmark folder from its points; a run that
+# starts the folder over removes them, so no report shows another run's counters or plots.
+DERIVED = ("results.jsonl", "meta.json", "results.csv", "report.md", PROFILE_FILE, "plot-*.png")
+
+
+def _start_over(out_dir: Path) -> None:
+    for pattern in DERIVED:
+        for path in out_dir.glob(pattern):
+            if path.is_file():
+                path.unlink()
+
+
+def _run_bench(impls, ops, directions, shape_sets, dtypes, out_dir: Path, resume, device, timer, copy_bandwidth, command,
+               progress, weights):  # fmt: skip
     results_path = out_dir / "results.jsonl"
     meta_path = out_dir / "meta.json"
     timer = timer or CudaTimer()
-    if not resume and results_path.exists():
-        results_path.unlink()
-    kept = load_results(results_path) if resume else []
+    env = environment(device)
+    kept, cut = read_results(results_path) if (resume and results_path.exists()) else ([], None)
     meta = read_meta(meta_path) if (resume and meta_path.exists()) else {}
+    if resume and meta.get("gpu") not in (None, env["gpu"]):
+        raise ValueError(f"{out_dir} was measured on {meta['gpu']}, this is {env['gpu']}: --resume adds points of the same GPU only (use another --out)")
+    note_cut(results_path, cut)
     if resume and results_path.exists():
         _end_with_complete_line(results_path)
+    if not resume:
+        _start_over(out_dir)
     done = {point_key(r) for r in kept}
     if copy_bandwidth is None:
         from harness.run.timer import measure_copy_bandwidth
 
         copy_bandwidth = measure_copy_bandwidth()
     runs = meta.get("runs", [])
-    env = environment(device)
     run_index = len(runs)
     # per run, so a folder that several runs (or `normbench merge`) wrote says which code measured which point
     runs.append({"command": command, "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "copy_bandwidth": copy_bandwidth,
@@ -218,7 +256,7 @@ def run_bench(
     meta["runs"] = runs
     meta["copy_bandwidth_tbps"] = copy_bandwidth["tbps"]
     meta["method"] = {"trials": TRIALS, "noisy_spread": NOISY_SPREAD, "graph_calls": GRAPH_CALLS, "graph_shape_sets": GRAPH_SHAPE_SETS}
-    meta_path.write_text(json.dumps(meta, indent=2))
+    write_atomically({meta_path: meta_text(meta)})
 
     todo = [t for t in plan(impls, ops, directions, shape_sets, dtypes, weights) if planned_key(t) not in done]
     roof = copy_bandwidth["tbps"]
@@ -242,7 +280,7 @@ def run_bench(
             kept.append(row)
             bar.advance(task)
     meta["finished"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-    meta_path.write_text(json.dumps(meta, indent=2))
+    write_atomically({meta_path: meta_text(meta)})
     return meta, kept
 
 

@@ -6,7 +6,11 @@ arguments come from the drawn case, the backward's from the case and the referen
 rounded as the contract stores them (statistics fp32, rows in x's dtype). For each we report the max
 absolute error, the max error in ulps of the output dtype at the reference value, and the relative L2
 error; a tensor passes when every element is within ``harness.spec.tolerances.allowed_error``, is finite
-where the reference is, and has the contract's shape and dtype.
+where the reference is, has the contract's shape and dtype, and its errors average out: the mean
+signed error over the tensor (in units of each element's allowed error, signed by the reference: a
+scale bias; and plain: an offset) within its sampling noise and a small floor
+(``harness.spec.tolerances``: ``BIAS_Z``, ``Tol.bias``). A kernel whose every element is within 2 ulps
+can still be off by 0.5% throughout; only the mean shows it.
 
 Unwritten outputs: kernels allocate their own outputs, so the checker poisons the allocator instead
 of the buffers: under ``torch.use_deterministic_algorithms`` PyTorch fills every ``torch.empty`` with
@@ -16,6 +20,8 @@ NaN, and an element a kernel forgot to write stays NaN and fails the finite chec
 from __future__ import annotations
 
 import contextlib
+import math
+import os
 import time
 import traceback
 from dataclasses import asdict, dataclass, field
@@ -25,9 +31,10 @@ import torch
 from harness.spec.contract import DTYPE_NAMES, DTYPES, Implementation
 from harness.spec.errors import describe_error
 from harness.spec.inputs import OVERFLOW, make_case
+from harness.spec.interpreters import INTERPRETERS
 from harness.spec.ops import check_weights, get_op
 from harness.spec.shapes import Shape
-from harness.spec.tolerances import TOLERANCES, allowed_error, ulp
+from harness.spec.tolerances import BIAS_MIN_ELEMENTS, BIAS_Z, TOLERANCES, TOWARD_ZERO_ULPS, allowed_error, ulp
 
 
 @dataclass
@@ -38,6 +45,11 @@ class TensorReport:
     max_ulp: float = float("nan")
     rel_l2: float = float("nan")
     reason: str = ""
+    # mean signed error in units of the allowed error: signed by the reference (> 0: too large in
+    # magnitude) and plain; and the bound both are held to (nan: too few elements to tell)
+    bias: float = float("nan")
+    offset: float = float("nan")
+    bias_bound: float = float("nan")
 
 
 @dataclass
@@ -90,13 +102,81 @@ def poisoned_allocations():
 OVERFLOW_DTYPES = ("bf16", "fp32")
 
 
+def truncating_interpreter(device, dtype, impl: Implementation | None = None) -> bool:
+    """Whether bf16 outputs on ``device`` come from Triton's CPU interpreter, which converts fp32 to
+    bf16 by truncation (a GPU rounds to nearest even): ``impl``'s record says so where given, else
+    the environment (TRITON_INTERPRET=1)."""
+    if dtype != torch.bfloat16 or device is None or torch.device(device).type != "cpu":
+        return False
+    if impl is not None:
+        return impl.interpreter == INTERPRETERS["triton"]
+    return os.environ.get(INTERPRETERS["triton"]) == "1"
+
+
+def _mean_and_stderr(e: torch.Tensor, valid: torch.Tensor) -> tuple[float, float]:
+    """The mean of ``e`` over ``valid`` elements of its rows (dim 0) and its standard error, taken
+    over elements and, from 8 rows on, over rows (the rows' sums about the mean: elements of a row
+    share its statistics, so their errors need not be independent); the larger. Fewer rows give
+    too noisy a spread; there the floor (``Tol.bias``) covers an fp32 statistic's error, which moves
+    a row by ~1e-7, a thousandth of fp32's rtol. nan where fewer than ``BIAS_MIN_ELEMENTS``."""
+    e = torch.where(valid, e, 0.0)
+    count = valid.sum()
+    n = int(count)
+    if n < BIAS_MIN_ELEMENTS:
+        return float("nan"), float("nan")
+    mean = e.sum() / count
+    dev = torch.where(valid, e - mean, 0.0)
+    se_elem = (dev.square().sum() / (n - 1)).sqrt() / n**0.5
+    rows = int((valid.sum(-1) > 0).sum())
+    se_rows = se_elem * 0
+    if rows >= 8:
+        se_rows = (dev.sum(-1).square().sum() * rows / (rows - 1)).sqrt() / n
+    return float(mean), float(torch.maximum(se_elem, se_rows))
+
+
+def bias_check(o, ref, allowed, dtype, valid, toward_zero=False) -> tuple[float, float, float, str]:
+    """(scale bias, offset, bound, reason: "" when within it) of a tensor's errors, in units of the
+    allowed error: the mean of sign(ref) * (out - ref) / allowed, and of (out - ref) / allowed, each
+    held to ``BIAS_Z`` standard errors plus the dtype's ``Tol.bias``. ``toward_zero``: the outputs
+    were converted by truncation (Triton's CPU interpreter in bf16): up to ``TOWARD_ZERO_ULPS`` of
+    bias toward zero is allowed, in that direction only."""
+    n = ref.shape[-1] if ref.dim() >= 2 else 1
+    e = ((o - ref) / allowed).reshape(-1, n)
+    sign = torch.sign(ref).reshape(-1, n)
+    valid = (valid & torch.isfinite(o) & torch.isfinite(ref)).reshape(-1, n)
+    bias, se_b = _mean_and_stderr(e * sign, valid & (sign != 0))
+    offset, se_o = _mean_and_stderr(e, valid)
+    if math.isnan(bias) or math.isnan(offset):
+        return bias, offset, float("nan"), ""
+    floor = TOLERANCES[dtype].bias
+    bound = BIAS_Z * max(se_b, se_o) + floor
+    slack = 0.0
+    if toward_zero and dtype == torch.bfloat16:
+        share = (TOWARD_ZERO_ULPS * ulp(ref, dtype) / allowed).reshape(-1, n)
+        slack = float(torch.where(valid, share, 0.0).sum() / valid.sum())
+    if not -(bound + slack) <= bias <= bound:
+        return bias, offset, bound, (
+            f"biased: mean error {bias:+.3g} of the allowed error toward "
+            f"{'larger' if bias > 0 else 'smaller'} magnitudes (bound {bound:.2g}"
+            + (f", {slack:.2g} more toward zero" if slack else "") + f"; {int(valid.sum())} elements)"
+        )  # fmt: skip
+    if abs(offset) > bound + slack:
+        return bias, offset, bound, f"biased: mean signed error {offset:+.3g} of the allowed error (bound {bound + slack:.2g}; {int(valid.sum())} elements)"
+    return bias, offset, bound, ""
+
+
 def compare(
-    name: str, out, ref: torch.Tensor | None, dtype: torch.dtype, shape, scale=None, nonfinite_ok=False, rounded_term=None
-) -> TensorReport:
+    name: str, out, ref: torch.Tensor | None, dtype: torch.dtype, shape, scale=None, nonfinite_ok=False, rounded_term=None,
+    toward_zero=None,
+) -> TensorReport:  # fmt: skip
     """``nonfinite_ok``: a NaN/Inf element passes (inputs that overflow fp32, where torch returns
     NaN); every finite element must still be within tolerance. ``rounded_term``: a term of the result
     that the contract lets an implementation store in ``dtype`` before the last add (the unfused
-    add_rmsnorm backward rounds dx, then adds dresidual_out): its rounding is allowed on top."""
+    add_rmsnorm backward rounds dx, then adds dresidual_out): its rounding is allowed on top.
+    ``toward_zero``: see ``bias_check``; None: where Triton's interpreter is on and ``out`` is a bf16
+    CPU tensor (a caller that knows which implementation made ``out`` says so: ``run_check`` does)."""
+    if toward_zero is None:
+        toward_zero = out is not None and truncating_interpreter(getattr(out, "device", None), dtype)
     if ref is None:
         if out is not None:
             return TensorReport(name, False, reason="expected None (no weight/bias), got a tensor")
@@ -130,14 +210,16 @@ def compare(
         allowed = allowed + torch.maximum(tol.ulps * ulp(rounded_term, dtype), tol.rtol * rounded_term.abs())
     over = err > allowed
     n_over = int(over.sum())
+    bias, offset, bound, biased = bias_check(o, ref, allowed, dtype, ~over, toward_zero)
+    stats = {"bias": bias, "offset": offset, "bias_bound": bound}
     if n_over:
         idx = tuple(int(i) for i in torch.nonzero(over)[0])
         reason = (
             f"{n_over} elements over tolerance (max {max_ulp:.3g} ulp, relL2 {rel_l2:.2e}; "
             f"first at {idx}: got {float(o[idx]):.6g}, ref {float(ref[idx]):.6g})"
         )
-        return TensorReport(name, False, max_abs, max_ulp, rel_l2, reason)
-    return TensorReport(name, True, max_abs, max_ulp, rel_l2)
+        return TensorReport(name, False, max_abs, max_ulp, rel_l2, reason, **stats)
+    return TensorReport(name, not biased, max_abs, max_ulp, rel_l2, biased, **stats)
 
 
 def _sync(device):
@@ -181,7 +263,7 @@ def run_check(
     try:
         k = kernels or impl.kernels(device)
         case = make_case(op, shape, DTYPES[dtype], device, seed, affine, weights, overflow)
-        res.tensors = _check_tensors(k, rec, direction, case, overflow)
+        res.tensors = _check_tensors(k, rec, direction, case, overflow, truncating_interpreter(device, DTYPES[dtype], impl))
         _sync(device)
         res.status = "pass" if all(t.passed for t in res.tensors) else "fail"
     except Exception as e:  # a crashing kernel is a result, not the end of the run
@@ -236,15 +318,17 @@ def _bwd_scales(rec, case, ref_args: dict) -> dict:
     }
 
 
-def _check_tensors(k, rec, direction, case, overflow=False) -> list[TensorReport]:
-    """Check the outputs of ``k``'s functions for ``rec`` (an op record or its name) on ``case``."""
+def _check_tensors(k, rec, direction, case, overflow=False, toward_zero=None) -> list[TensorReport]:
+    """Check the outputs of ``k``'s functions for ``rec`` (an op record or its name) on ``case``;
+    ``toward_zero``: see ``bias_check``."""
     rec = get_op(rec) if isinstance(rec, str) else rec
     fwd_args = rec.fwd_call(case)
     ref_fwd = rec.reference_fwd(*fwd_args)
     if direction == "fwd":
         names = [a.name for a in rec.fwd_outputs]
         out = _call(k, rec.function("fwd"), fwd_args, names)
-        return [compare(a.name, o, r, *_expected(a, case), nonfinite_ok=overflow) for a, o, r in zip(rec.fwd_outputs, out, ref_fwd)]
+        return [compare(a.name, o, r, *_expected(a, case), nonfinite_ok=overflow, toward_zero=toward_zero)
+                for a, o, r in zip(rec.fwd_outputs, out, ref_fwd)]  # fmt: skip
     if overflow:  # the chain a training step runs: the implementation's own forward outputs
         fwd_out = getattr(k, rec.function("fwd"))(*fwd_args)
     else:  # the reference's, rounded as the contract stores them, so the backward is checked on its own
@@ -259,7 +343,7 @@ def _check_tensors(k, rec, direction, case, overflow=False) -> list[TensorReport
     for a, o, r in zip(rec.bwd_outputs, out, ref):
         rows = a.kind == "rows"
         extra = term(r) if (rows and term) else None
-        reports.append(compare(a.name, o, r, *_expected(a, case), scales["rows" if rows else a.name], overflow, extra))
+        reports.append(compare(a.name, o, r, *_expected(a, case), scales["rows" if rows else a.name], overflow, extra, toward_zero))
     return reports
 
 

@@ -59,6 +59,7 @@ import contextlib
 import importlib.util
 import json
 import math
+import os
 import shlex
 import statistics
 import sys
@@ -584,6 +585,11 @@ def run(archs: list[str], size: str, impls: list[Implementation], *, device: str
     if out is None:
         gpu = torch.cuda.get_device_name(0) if device == "cuda" else "cpu"
         out = default_out_dir(gpu) / "models"
+    _output_folder(Path(out))
+    why = {i.name: i.unavailable(device) for i in impls}
+    if impls and all(why.values()):  # known before any model is built
+        _nothing_compared(device, why)
+        return 1
     command = "normbench " + " ".join(shlex.quote(x) for x in sys.argv[1:])
     status = 0
     for arch in archs:
@@ -592,4 +598,30 @@ def run(archs: list[str], size: str, impls: list[Implementation], *, device: str
         if any(r["status"] in ("fail", "error") for r in rep["results"]):
             status = 1
         _log(f"wrote {path} and {out / 'models.md'}")
+        if all(r["status"] == "skip" for r in rep["results"]):  # as `check`: a run that compared nothing fails
+            _nothing_compared(device, {r["impl"]: r["reason"] for r in rep["results"]}, arch)
+            status = 1
     return status
+
+
+def _nothing_compared(device: str, why: dict, arch: str | None = None) -> None:
+    reasons = "; ".join(f"{name}: {reason}" for name, reason in why.items())
+    print(f"normbench: model: nothing was compared{' in ' + arch if arch else ''} on {device}: every selected implementation "
+          f"was skipped ({reasons})", file=sys.stderr)  # fmt: skip
+
+
+def _output_folder(out: Path) -> None:
+    """The report folder, made (or found writable) before any model is trained: a path that is a
+    file, or lies under one, is a one-line ValueError, not an error after minutes of training."""
+    up = out
+    while not up.exists() and up != up.parent:
+        up = up.parent
+    if up.exists() and not up.is_dir():
+        raise ValueError(f"--out {out}: {'exists and is not a folder' if up == out else f'{up} is not a folder'}")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        probe = out / f".write-test-{os.getpid()}"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as e:
+        raise ValueError(f"--out {out}: cannot write in it ({e.strerror or e})") from None

@@ -35,6 +35,13 @@ fp32 (M,); dweight / dbias in the weight's dtype (x's or fp32), reduced over all
 
 An implementation that does not want to handle ``weight=None`` itself sets
 ``handles_no_affine=False`` and the harness passes a ones vector (and drops dweight) instead.
+
+Rows whose squares overflow fp32 (``harness.spec.inputs.OVERFLOW``: |x| ~ 1e30, representable in
+bf16 and fp32): for an op whose record sets ``overflow`` (LayerNorm), the outputs of such a row must
+be NaN, as torch's are, or the right answer, never a finite wrong number (rstd = rsqrt(inf) = 0 would
+give y = bias); the backward, run on the forward's own statistics, likewise. ``normbench check``
+holds every implementation to it whenever the edge set is checked (bf16 and fp32), as
+tests/test_implementations.py does.
 """
 
 from __future__ import annotations

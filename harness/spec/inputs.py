@@ -22,7 +22,7 @@ from __future__ import annotations
 import torch
 
 from harness.spec.ops import OFFSET, check_weights, effective_weight, get_op
-from harness.spec.shapes import COLUMN_SLICE_PAD, Shape
+from harness.spec.shapes import COLUMN_SLICE_PAD, Shape, sliced
 
 DEFAULT_EPS = 1e-5
 # the row magnitude of the overflow inputs: x^2 ~ 1e60 overflows fp32 (max 3.4e38)
@@ -56,10 +56,12 @@ def make_case(
 
     dims = shape.dims
     lead, n = dims[:-1], dims[-1]
-    wide = n + COLUMN_SLICE_PAD if shape.layout == "column-slice" else n
 
-    def tensor():
-        t = rand(*lead, wide)
+    def width(name):
+        return n + COLUMN_SLICE_PAD if sliced(shape.layout, name) else n
+
+    def tensor(name):
+        t = rand(*lead, width(name))
         if t.numel():
             row_scale = torch.pow(10.0, torch.rand(*lead, 1, generator=g, device=device) * 4 - 3)
             t = t * row_scale
@@ -67,7 +69,7 @@ def make_case(
             t = t / t.abs().amax(-1, keepdim=True).clamp_min(1e-30) * OVERFLOW
         return t.to(dtype)[..., :n]
 
-    x, dy = tensor(), rand(*lead, wide).to(dtype)[..., :n]
+    x, dy = tensor("x"), rand(*lead, width("dy")).to(dtype)[..., :n]
     pdtype = torch.float32 if weights == "fp32" else dtype
     wscale, wshift = (OFFSET_WEIGHT_SCALE, 0.0) if weights == "offset" else (0.5, 1.0)
     raw_weight = rand(n, scale=wscale, shift=wshift).to(pdtype) if affine else None
@@ -76,7 +78,7 @@ def make_case(
     # the other row inputs (residual, dresidual_out): drawn after the shared ones
     for name in rec.inputs:
         if name not in case and name != "weight":
-            case[name] = tensor()
+            case[name] = tensor(name)
     if not affine:  # the case without its optional tensors: no weight, no bias, no dresidual_out
         case.update({a.name: None for a in rec.bwd_args if a.optional and a.kind == "rows"})
     offset = OFFSET if weights == "offset" else 0.0

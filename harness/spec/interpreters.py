@@ -43,6 +43,14 @@ def interpreter_env(impl, device: str):
         yield
         return
     cpu_triton()
+    if "triton" not in sys.modules:
+        # import triton now, under the interpreter setting cpu_triton chose: imported first while
+        # TRITON_INTERPRET is off below (Helion imports it), it would stay compiled-only for the
+        # rest of the process and every Triton kernel after it would fail on the CPU
+        try:
+            import triton  # noqa: F401
+        except ImportError:
+            pass
     saved = {k: os.environ.get(k) for k in ("HELION_INTERPRET", "TRITON_INTERPRET")}
     os.environ["HELION_INTERPRET"] = "1"
     os.environ.pop("TRITON_INTERPRET", None)

@@ -196,11 +196,20 @@ def get_op(name: str) -> Op:
 def effective_weight(weight, offset: float = 0.0):
     """The weight the kernels see: ``weight`` itself, or ``weight.float() + offset`` (Gemma's
     ``(1 + w)`` scale, added in fp32) when there is an offset. Differentiable: the gradient reaches
-    ``weight`` unchanged, in its own dtype."""
-    if isinstance(offset, bool) or not isinstance(offset, (int, float)):
-        raise TypeError(f"weight_offset must be a float, got {type(offset).__name__}")
+    ``weight`` unchanged, in its own dtype. ``offset`` is a finite real number; with one, ``weight``
+    must still be a tensor of a contract dtype (``.float()`` would take fp64, integers, and complex
+    numbers, dropping their imaginary part); the rule that it has x's dtype or fp32 is the caller's
+    (``harness.spec.validation.check_param_dtype``), which knows x."""
+    # imported here: validation imports contract, which imports this module
+    from harness.spec.validation import check_weight_offset
+
+    offset = check_weight_offset(offset)
     if offset == 0:
         return weight
     if weight is None:
         raise ValueError(f"weight_offset={offset} needs a weight (the scale is weight_offset + weight)")
+    if not isinstance(weight, torch.Tensor):
+        raise TypeError(f"weight must be a torch.Tensor, got {type(weight).__name__}")
+    if weight.dtype not in (torch.float32, torch.bfloat16, torch.float16):
+        raise TypeError(f"weight must be float32, bfloat16 or float16, got {weight.dtype}")
     return weight.float() + offset

@@ -1,7 +1,10 @@
 """Shape sets: data shared by `normbench check`, the tests and the benchmark (never re-typed).
 
-A shape is the full shape of x; ``layout`` says how x is laid out in memory:
-"contiguous", or "column-slice" (x = wider[:, :N], a view with row stride > N).
+A shape is the full shape of x; ``layout`` says how the row tensors are laid out in memory:
+"contiguous"; "column-slice" (each of them wider[:, :N], a view with row stride > N); or one side a
+column slice and the other contiguous, since the contract lets dy's row stride differ from x's:
+"dy-column-slice" (the gradients dy, dresidual_out sliced; x, residual contiguous) and
+"x-column-slice" (x, residual sliced; dy, dresidual_out contiguous).
 """
 
 from __future__ import annotations
@@ -16,6 +19,20 @@ SWEEP_N = (1024, 2048, 2880, 4096, 5120, 7168, 8192, 16384, 32768, 65536, 262144
 # sweep's wide points (10240, 24576, 49152, 131072).
 BETWEEN_N = (1536, 2304, 3072, 3584, 4001, 6144, 10240, 12288, 24576, 49152, 131072)
 COLUMN_SLICE_PAD = 24  # extra columns of the wider tensor a column-slice shape is cut from
+LAYOUTS = ("contiguous", "column-slice", "dy-column-slice", "x-column-slice")
+# the drawn row tensors that are gradients (laid out by the "dy-" side of a layout)
+GRADIENTS = ("dy", "dresidual_out")
+
+
+def sliced(layout: str, tensor: str) -> bool:
+    """Whether ``tensor`` (a drawn row tensor: x, dy, residual, dresidual_out) is a column slice."""
+    if layout == "column-slice":
+        return True
+    if layout == "dy-column-slice":
+        return tensor in GRADIENTS
+    if layout == "x-column-slice":
+        return tensor not in GRADIENTS
+    return False
 
 
 @dataclass(frozen=True)
@@ -69,6 +86,10 @@ SHAPE_SETS: dict[str, tuple[Shape, ...]] = {
         Shape((2, 16383)),
         Shape((2, 65537)),
         Shape((2, 131080)),
+        # dy's row stride unlike x's (the contract allows it): a backward that walks dy with x's
+        # stride reads the wrong elements, or past dy's end
+        Shape((24, 520), "dy-column-slice"),
+        Shape((24, 520), "x-column-slice"),
     ),
     # The GPU ranking: equal bytes at every N, so each point moves the same data.
     "sweep": tuple(Shape((SWEEP_ELEMENTS // n, n)) for n in SWEEP_N),
@@ -86,7 +107,7 @@ def shape_set(name: str) -> tuple[Shape, ...]:
 
 
 def parse_shape(text: str) -> Shape:
-    """'MxN', 'BxSxN' or 'MxN:column-slice' -> Shape (for --shape on the command line)."""
+    """'MxN', 'BxSxN' or 'MxN:LAYOUT' (LAYOUTS) -> Shape (for --shape on the command line)."""
     dims_s, _, layout = text.partition(":")
     try:
         dims = tuple(int(d) for d in dims_s.lower().split("x"))
@@ -95,6 +116,6 @@ def parse_shape(text: str) -> Shape:
     if not dims or any(d < 0 for d in dims):
         raise ValueError(f"bad shape '{text}': dimensions must be non-negative integers")
     layout = layout or "contiguous"
-    if layout not in ("contiguous", "column-slice"):
-        raise ValueError(f"bad layout '{layout}': expected contiguous or column-slice")
+    if layout not in LAYOUTS:
+        raise ValueError(f"bad layout '{layout}': expected {', '.join(LAYOUTS)}")
     return Shape(dims, layout)

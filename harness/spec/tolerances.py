@@ -12,6 +12,19 @@ reference, plus a double rounding where it rounds x*rstd before multiplying by w
 below its terms (N = 1 gives dx ~ eps) carries fp32 error of the terms' size. fp32 outputs (and the fp32 statistics)
 are bounded by accumulation error over up to 2^18 elements, not by rounding: hence an rtol. A kernel
 that accumulates dweight in bf16 is off by ~10% of the vector's RMS at M = 8192: rejected by far.
+
+Bias: a tensor passes only if its errors average out. Every element within 2 ulps still lets a kernel
+scale its output by 1.005 (a wrong constant, an eps added twice): each element moves by less than
+its tolerance, all in the same direction. So the checker also takes the mean signed error over the
+tensor, in units of each element's allowed error, once signed by the reference (positive: too large
+in magnitude: a scale bias) and once plain (an offset), and holds both to
+``BIAS_Z * standard error + Tol.bias``. Round-to-nearest gives zero-mean errors, so the bound is the
+sampling noise of that mean (the standard error, from 8 rows on taken over rows as well: a row's
+elements share one rstd, whose fp32 error moves the whole row) plus a floor for the tiny biases an
+honest kernel does have (an approximate rsqrt on a GPU: ~1e-7 relative, 0.002 of a bf16 ulp). The exception is
+declared, not tolerated silently: Triton's CPU interpreter converts fp32 to bf16 by truncation
+(toward zero), so its bf16 outputs carry up to half an ulp of bias toward zero that a GPU's
+round-to-nearest does not (``TOWARD_ZERO_ULPS``), allowed in that direction only.
 """
 
 from __future__ import annotations
@@ -26,14 +39,24 @@ class Tol:
     ulps: float
     rtol: float
     floor: float
+    # the largest mean signed error, in units of the allowed error, beyond the sampling noise
+    bias: float = 0.02
 
 
 # keyed by the dtype of the tensor being checked (statistics are always fp32)
 TOLERANCES: dict[torch.dtype, Tol] = {
-    torch.bfloat16: Tol(ulps=2, rtol=0.0, floor=2**-9),
-    torch.float16: Tol(ulps=2, rtol=0.0, floor=2**-12),
-    torch.float32: Tol(ulps=0, rtol=1e-4, floor=2**-16),
+    torch.bfloat16: Tol(ulps=2, rtol=0.0, floor=2**-9, bias=0.02),
+    torch.float16: Tol(ulps=2, rtol=0.0, floor=2**-12, bias=0.02),
+    torch.float32: Tol(ulps=0, rtol=1e-4, floor=2**-16, bias=0.02),
 }
+# standard errors a mean signed error may lie from zero by chance: checks run ~10^4 tensors, and at
+# 6 a Gaussian mean strays that far once in 5e8
+BIAS_Z = 6.0
+# the fewest elements a mean signed error is held to: the spread of fewer is too noisy a standard
+# error (the rstd of 2 rows of 2^17 elements summed in order: each off by ~1e-5, the same sign by chance)
+BIAS_MIN_ELEMENTS = 16
+# bias toward zero of a conversion by truncation (Triton's CPU interpreter, fp32 -> bf16), in ulps
+TOWARD_ZERO_ULPS = 0.5
 
 
 def ulp(ref: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

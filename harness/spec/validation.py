@@ -5,13 +5,15 @@ arguments (a clear ValueError / TypeError naming the argument, never a kernel's 
 leading dimensions to (M, N) rows without copying where a view suffices, answers M = 0 itself, and
 gives the outputs back in the caller's shape. It is built from the op record (``harness.spec.ops``):
 argument kinds say what each check is, so a new op needs no wrapper of its own. The same checks run
-on fake tensors in the custom ops (``harness.integrate.library``), so a bad argument is the same
-error under torch.compile as in eager.
+where torch.compile traces (``harness.integrate``: in the autograd layer before an op is called, and
+on fake tensors in the ops); ``shape_text`` keeps their messages something dynamo can format there.
 """
 
 from __future__ import annotations
 
 import inspect
+import math
+import numbers
 from typing import Callable
 
 import torch
@@ -23,6 +25,14 @@ from harness.spec.interpreters import interpreter_env
 def check_tensor(t, what: str) -> None:
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{what} must be a torch.Tensor, got {type(t).__name__}")
+
+
+def shape_text(t: torch.Tensor) -> str:
+    """``str(tuple(t.shape))``, built one size at a time: under torch.compile with dynamic shapes,
+    dynamo can format a symbolic size on its own (specialising it) but not a tuple of them, and the
+    autograd layer formats these messages while dynamo traces (``harness.integrate.library``)."""
+    dims = [f"{d}" for d in t.shape]
+    return "(" + ", ".join(dims) + ("," if len(dims) == 1 else "") + ")"
 
 
 def _same_device(t: torch.Tensor | None, x: torch.Tensor, what: str):
@@ -55,18 +65,23 @@ def check_vector(t, n: int, x: torch.Tensor, what: str):
         return None
     check_tensor(t, what)
     if t.dim() != 1 or t.shape[0] != n:
-        raise ValueError(f"{what} must have shape ({n},) to match x's last dimension, got {tuple(t.shape)}")
+        raise ValueError(f"{what} must have shape ({n},) to match x's last dimension, got {shape_text(t)}")
     _same_device(t, x, what)
+    check_param_dtype(t, x, what)
+    return t.contiguous()
+
+
+def check_param_dtype(t: torch.Tensor, x: torch.Tensor, what: str) -> None:
+    """A parameter's dtype: x's, or fp32 beside 16-bit x."""
     if t.dtype != x.dtype and t.dtype not in PARAM_DTYPES:
         raise TypeError(f"{what} must have x's dtype {x.dtype} or float32, got {t.dtype}")
-    return t.contiguous()
 
 
 def check_like_x(t, x: torch.Tensor, what: str) -> None:
     """A tensor that must match x in shape, dtype and device (dy, residual, ...)."""
     check_tensor(t, what)
     if t.shape != x.shape:
-        raise ValueError(f"{what} has shape {tuple(t.shape)} but x has {tuple(x.shape)}")
+        raise ValueError(f"{what} has shape {shape_text(t)} but x has {shape_text(x)}")
     _same_device(t, x, what)
     if t.dtype != x.dtype:
         raise TypeError(f"{what} must have x's dtype {x.dtype}, got {t.dtype}")
@@ -76,19 +91,39 @@ def check_stats(t, m: int, x: torch.Tensor, what: str) -> torch.Tensor:
     """A per-row statistic (rstd, mean): M fp32 values on x's device; contiguous (M,)."""
     check_tensor(t, what)
     if t.numel() != m:
-        raise ValueError(f"{what} must hold one value per row ({m}), got shape {tuple(t.shape)}")
+        raise ValueError(f"{what} must hold one value per row ({m}), got shape {shape_text(t)}")
     if t.dtype != torch.float32:
         raise TypeError(f"{what} must be float32, got {t.dtype}")
     _same_device(t, x, what)
     return t if t.dim() == 1 and t.is_contiguous() else t.reshape(m).contiguous()
 
 
+def _real(v, what: str) -> float:
+    # a Python or NumPy int or float (NumPy registers its scalars as numbers.Real); a bool is a
+    # number to Python but never a meant one here
+    if isinstance(v, bool) or not isinstance(v, numbers.Real):
+        hint = ""
+        if torch.compiler.is_compiling() and type(v).__name__ == "ndarray":
+            # dynamo traces a NumPy scalar as an array, whose value it cannot read while tracing
+            hint = " (a NumPy scalar is an array inside torch.compile: pass float(...))"
+        raise TypeError(f"{what} must be a real number (int or float), got {type(v).__name__}{hint}")
+    return float(v)
+
+
 def check_eps(eps) -> float:
-    if isinstance(eps, bool) or not isinstance(eps, (int, float)):
-        raise TypeError(f"eps must be a float, got {type(eps).__name__}")
-    if not eps >= 0:
-        raise ValueError(f"eps must be >= 0, got {eps}")
-    return float(eps)
+    """eps: a real number >= 0 (NaN refused), as a Python float."""
+    value = _real(eps, "eps")
+    if not value >= 0:
+        raise ValueError(f"eps must be >= 0, got {value}")
+    return value
+
+
+def check_weight_offset(offset) -> float:
+    """weight_offset: a finite real number, as a Python float."""
+    value = _real(offset, "weight_offset")
+    if not -math.inf < value < math.inf:  # NaN too (math.isfinite takes no symbolic float under torch.compile)
+        raise ValueError(f"weight_offset must be finite, got {value}")
+    return value
 
 
 def as_rows(t: torch.Tensor, n: int) -> torch.Tensor:

@@ -20,6 +20,10 @@ shapes would fall back to a dynamic-shape graph or to eager. A global ``torch._d
 new shape (what this file did before, and what TritonBench does between its inputs) would also
 throw away every compiled function of the user's process.
 
+eps is a runtime input of each graph, a 0-d fp32 tensor on x's device (one per value and device,
+kept): a Python float is a constant to dynamo, and with ``dynamic=False`` every new value would be a
+new graph (then, past the recompile limit, eager).
+
 Overflow: rows whose squares overflow fp32 give var = inf and rstd = rsqrt(inf) = 0, hence y = b, a
 finite wrong number; torch's LayerNorm returns NaN there, and so does this one (one select, fused).
 Parameters may be fp32 beside 16-bit x; gradients come back in the parameters' dtype.
@@ -30,7 +34,7 @@ import types
 import torch
 
 
-def _rms_fwd(x, w, eps: float):
+def _rms_fwd(x, w, eps):
     xf = x.float()
     rstd = torch.rsqrt(xf.square().mean(-1, keepdim=True) + eps)
     y = xf * rstd
@@ -53,7 +57,7 @@ def _rms_bwd(dy, x, w, rstd):
     return dx.to(x.dtype), dw
 
 
-def _add_rms_fwd(x, residual, w, eps: float):
+def _add_rms_fwd(x, residual, w, eps):
     h = (x.float() + residual.float()).to(x.dtype)
     y, rstd = _rms_fwd(h, w, eps)
     return y, h, rstd
@@ -66,7 +70,7 @@ def _add_rms_bwd(dy, dres, h, w, rstd):
     return dx.to(h.dtype), dw
 
 
-def _ln_fwd(x, w, b, eps: float):
+def _ln_fwd(x, w, b, eps):
     xf = x.float()
     var, mean = torch.var_mean(xf, -1, correction=0, keepdim=True)
     rstd = torch.where(torch.isinf(var), float("nan"), torch.rsqrt(var + eps))
@@ -129,10 +133,11 @@ class _Compiled:
             else self._opts
         )
         self._fns: dict = {}
+        self._eps: dict = {}
 
     def _run(self, name, *args):
         # keyed on every tensor's shape, strides and dtype: a weight present or None is a guard of
-        # one compiled copy (as is eps), not a new copy
+        # one compiled copy, not a new copy
         key = (name, *(_key(a) for a in args if isinstance(a, torch.Tensor)))
         fn = self._fns.get(key)
         if fn is None:
@@ -140,20 +145,33 @@ class _Compiled:
             fn = self._fns[key] = torch.compile(_private_copy(FORMULAS[name], len(self._fns)), **opts)
         return fn(*args)
 
+    def _eps_tensor(self, eps: float, device: torch.device) -> torch.Tensor:
+        key = (eps, device)
+        t = self._eps.get(key)
+        if t is None:
+            # torch.full launches a fill kernel (no host-to-device copy), so this is capturable too;
+            # a tensor made during CUDA-graph capture is filled only by replays, so it is not kept
+            t = torch.full((), eps, dtype=torch.float32, device=device)
+            if not (device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
+                if len(self._eps) >= 64:
+                    self._eps.clear()
+                self._eps[key] = t
+        return t
+
     def rmsnorm_fwd(self, x, weight, eps):
-        return self._run("rmsnorm_fwd", x, weight, eps)
+        return self._run("rmsnorm_fwd", x, weight, self._eps_tensor(eps, x.device))
 
     def rmsnorm_bwd(self, dy, x, weight, rstd):
         return self._run("rmsnorm_bwd", dy, x, weight, rstd)
 
     def layernorm_fwd(self, x, weight, bias, eps):
-        return self._run("layernorm_fwd", x, weight, bias, eps)
+        return self._run("layernorm_fwd", x, weight, bias, self._eps_tensor(eps, x.device))
 
     def layernorm_bwd(self, dy, x, weight, mean, rstd):
         return self._run("layernorm_bwd", dy, x, weight, mean, rstd)
 
     def add_rmsnorm_fwd(self, x, residual, weight, eps):
-        return self._run("add_rmsnorm_fwd", x, residual, weight, eps)
+        return self._run("add_rmsnorm_fwd", x, residual, weight, self._eps_tensor(eps, x.device))
 
     def add_rmsnorm_bwd(self, dy, dresidual_out, residual_out, weight, rstd):
         return self._run("add_rmsnorm_bwd", dy, dresidual_out, residual_out, weight, rstd)

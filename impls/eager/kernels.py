@@ -6,6 +6,14 @@ runs for them (``_fused_rms_norm_backward``, ``native_layer_norm_backward``), ca
 saved statistics so no forward is recomputed. On the CPU, where ATen has no fused RMSNorm backward
 and its LayerNorm backward takes the statistics in x's dtype, the same formulas run as fp32 ops.
 
+ATen's own kernels, whatever is installed beside torch: torch 2.13 and later route ATen's fused
+RMSNorm (``_fused_rms_norm`` and its backward) to a vendored copy of Quack (CuTe DSL kernels,
+``torch._native``) on sm_90/sm_100 when a CUDA build of torch finds an nvidia-cutlass-dsl version it
+accepts, and silently do not with others. Where that override is on, the calls here bypass it: ATen's
+own kernel is taken from the dispatcher once, with the override switched off for that moment, and
+called directly (``_native``). What F.rms_norm itself runs in a process is in every report's
+meta.json (``environment.aten_rms_norm``: ``harness.run.environment.aten_rms_norm``).
+
 Add + RMSNorm is the unfused pair a model runs without a fused kernel: ``h = x + residual`` (one
 elementwise kernel, fp32 math rounded to x's dtype), then the RMSNorm above on h; backward: the
 RMSNorm backward, then ``dh = dx + dresidual_out`` as autograd accumulates it. Two extra passes
@@ -20,7 +28,32 @@ row width rather than rstd = rsqrt(inf) = 0, which gives y = bias and a backward
 
 import torch
 
+from harness.run.environment import rms_norm_overrides
+
 aten = torch.ops.aten
+# (ATen op, dispatch key) -> ATen's own kernel, captured where torch overrides the op
+_NATIVE: dict = {}
+
+
+def _native(op: str, x: torch.Tensor):
+    """``aten.<op>`` as ATen's own kernel for x's device: the op itself, or, where torch routes it to
+    a DSL kernel (its vendored Quack: harness.run.environment.rms_norm_overrides), ATen's kernel
+    taken from the dispatcher with the override switched off for that moment and called directly,
+    so the baseline is the same kernel with any nvidia-cutlass-dsl installed."""
+    key = "CUDA" if x.is_cuda else "CPU"
+    if op not in rms_norm_overrides(key):
+        return getattr(aten, op)
+    kernel = _NATIVE.get((op, key))
+    if kernel is None:
+        from torch._native import registry
+
+        registry.deregister_op_overrides(disable_op_symbols=[op])
+        try:
+            kernel = _NATIVE[(op, key)] = torch.library.get_kernel(f"aten::{op}", key)
+        finally:
+            registry.reenable_op_overrides(enable_op_symbols=[op])
+    keys = torch._C.DispatchKeySet(getattr(torch._C.DispatchKey, key))
+    return lambda *args: kernel.call_boxed(keys, *args)
 
 
 def _mixed(x, weight) -> bool:
@@ -32,7 +65,7 @@ def rmsnorm_fwd(x, weight, eps):
     if _mixed(x, weight):  # F.rms_norm's composite formula, in fp32
         rstd = torch.rsqrt(x.float().square().mean(-1, keepdim=True) + eps)
         return (x.float() * rstd * weight.float()).to(x.dtype), rstd.reshape(-1)
-    y, rstd = aten._fused_rms_norm(x, [x.shape[-1]], weight, eps)
+    y, rstd = _native("_fused_rms_norm", x)(x, [x.shape[-1]], weight, eps)
     return y, rstd.reshape(-1).float()
 
 
@@ -45,7 +78,7 @@ def _has_fused_rms_bwd(device: torch.device) -> bool:
 def rmsnorm_bwd(dy, x, weight, rstd):
     if _has_fused_rms_bwd(x.device) and not _mixed(x, weight):
         mask = [True, weight is not None]
-        return aten._fused_rms_norm_backward(dy, x, [x.shape[-1]], rstd.view(-1, 1), weight, mask)
+        return _native("_fused_rms_norm_backward", x)(dy, x, [x.shape[-1]], rstd.view(-1, 1), weight, mask)
     # ATen's composite formula, in fp32 (what autograd of F.rms_norm computes on such a backend)
     xhat = x.float() * rstd.view(-1, 1)
     g = dy.float() * weight.float() if weight is not None else dy.float()
