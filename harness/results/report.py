@@ -40,14 +40,6 @@ def _check_profile(report_dir: Path) -> None:
         read_profile(Path(report_dir) / PROFILE_FILE)
 
 
-def newest_report(root: Path = Path("reports")) -> Path:
-    """The benchmark folder written last under ``root`` (``root/<gpu>/`` or any folder below it)."""
-    found = sorted(Path(root).glob("**/results.jsonl"), key=lambda p: p.stat().st_mtime)
-    if not found:
-        raise ValueError(f"no benchmark results under {root}/ (run `normbench bench` first)")
-    return found[-1].parent
-
-
 def _name(r: rank.Ranked) -> str:
     return f"{r.impl} (external)" if r.external else r.impl
 
