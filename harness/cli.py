@@ -16,12 +16,13 @@ from pathlib import Path
 from harness.spec.contract import DIRECTIONS, DTYPES, OPS
 from harness.spec.errors import OneLineParser, UsageError
 from harness.spec.ops import WEIGHTS
+from harness.spec.shapes import SHAPE_SETS
 
 IMPL_HELP = (
     "glob(s) over implementation names or DSLs, comma-separated; a plain name that is an implementation's "
     "selects that one only; '!GLOB' excludes (default: all)"
 )
-OP_HELP = f"{', '.join(OPS)} (comma-separated; default: all)"
+OP_HELP = f"{', '.join(OPS)}, or rmsnorm_fp8 / add_rmsnorm_fp8 for both of their groupings (comma-separated; default: all)"
 REPORTS_HELP = "where the current report of each GPU is (reports/<gpu>/) when no folder is given (default: reports)"
 
 
@@ -38,6 +39,13 @@ def _split(value: str | None, allowed, what: str) -> list[str]:
     if bad or not items:
         raise UsageError(f"unknown {what} '{_shown(','.join(bad) or value)}'; choose from {', '.join(allowed)}")
     return items
+
+
+def _ops(value: str | None) -> list[str]:
+    """--op: op names, or a contract stem for all of its records (rmsnorm_fp8: per token and 1 x 128)."""
+    from harness.spec.ops import expand_ops, op_stems
+
+    return expand_ops(_split(value, (*OPS, *op_stems()), "op")) if value is not None else list(OPS)
 
 
 def _impl_globs(value: str) -> str:
@@ -69,11 +77,13 @@ def _default_device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def _device(arg: str | None) -> str:
-    dev = arg or _default_device()
+def _device(arg: str | None, fanned: bool = False) -> str:
+    """--device, checked; a fan-out's parent (``fanned``) runs nothing itself: cuda unless told, on
+    the GPUs --gpus names (a SLURM login node has none)."""
+    dev = arg or ("cuda" if fanned else _default_device())
     if dev not in ("cpu", "cuda"):
         raise UsageError(f"unknown device '{dev}'; choose cpu or cuda")
-    if dev == "cuda":
+    if dev == "cuda" and not fanned:
         import torch
 
         if not torch.cuda.is_available():
@@ -235,7 +245,6 @@ def _shape(text: str):
 
 
 def _shape_sets(value: str | None, device: str):
-    from harness.spec.shapes import SHAPE_SETS
 
     if value is None:
         names = ["smoke", "edge"] if device == "cpu" else ["smoke", "edge", "decode"]
@@ -256,7 +265,7 @@ def _shape_sets(value: str | None, device: str):
             out.append((ranged[1], picked))
         elif nm in SHAPE_SETS:
             out.append((nm, SHAPE_SETS[nm]))
-        elif re.fullmatch(r"[0-9x]+(:[a-z-]+)?", nm):
+        elif re.fullmatch(r"[0-9x]+(:[a-z0-9-]+)?", nm):
             out.append(("custom", (_shape(nm),)))
         else:
             raise UsageError(
@@ -266,8 +275,49 @@ def _shape_sets(value: str | None, device: str):
     return out
 
 
+# ---------------------------------------------------------------- fan-out (harness.run.fanout)
+def _gpus(value: str):
+    """--gpus: a number of GPUs >= 1, or 'all'."""
+    v = value.strip().lower()
+    if v == "all":
+        return "all"
+    try:
+        n = int(v)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of GPUs or 'all', got '{_shown(value)}'") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"expected a number of GPUs >= 1 or 'all', got {n}")
+    return n
+
+
+def _scale(a):
+    """The fan-out a command was asked for (None: a serial run, or one of a fan-out's workers)."""
+    from harness.run import fanout
+
+    if a.shard_spec:
+        return None
+    slurm = {key: getattr(a, flag[2:].replace("-", "_")) for key, flag in fanout.SLURM_FLAGS.items()}
+    return fanout.scale(a.gpus, a.executor, a.no_wait, slurm)
+
+
+def _command(a) -> str:
+    return "normbench " + " ".join(shlex.quote(x) for x in a.argv)
+
+
+def _fanned(fin) -> None:
+    """Say what a fan-out merged (or submitted), and each shard that did not finish, on stderr."""
+    from harness.run import fanout
+
+    print(fanout.summary(fin))
+    for problem in fin.problems:
+        print(f"normbench: {fin.kind}: {problem}", file=sys.stderr)
+    if fin.problems and fin.kind == "bench":
+        print("normbench: bench: the points measured were merged; run the same command with --resume to measure the rest", file=sys.stderr)
+
+
 def cmd_check(a) -> int:
-    device = _device(a.device)
+    sc = _scale(a)
+    device = _device(a.device, fanned=sc is not None)
     if device == "cpu":
         # before anything imports triton: its own language functions are decorated at import
         from harness.spec.interpreters import INTERPRETERS
@@ -276,7 +326,7 @@ def cmd_check(a) -> int:
     from harness.registry import select
     from harness.run import check
 
-    ops = _split(a.op, OPS, "op")
+    ops = _ops(a.op)
     dirs = _split(a.direction, DIRECTIONS, "direction")
     dtypes = _split(a.dtype, tuple(DTYPES), "dtype")
     sets = _shape_sets(a.shapes, device)
@@ -284,10 +334,29 @@ def cmd_check(a) -> int:
     command = "normbench " + " ".join(shlex.quote(x) for x in sys.argv[1:])
     # the invariance probes' dtypes: those asked for, else their own (bf16 and fp32)
     invariance = ({"dtypes": dtypes} if a.dtype else {}) if a.invariance else None
-    outcome = check.run(select(a.impl), ops, dirs, dtypes, sets, device, seed=a.seed, weights=a.weights,
-                        overflow=a.overflow, quiet=a.quiet, invariance=invariance)  # fmt: skip
+    fin = None
+    if a.shard_spec:  # one of a fan-out's workers: its shard's points, streamed into its folder
+        from harness.run import fanout
+
+        return fanout.check_worker(fanout.load_shard(a.shard_spec, a.shard_index, device), select(a.impl), ops, dirs, dtypes, sets, device,
+                                   invariance, seed=a.seed, weights=a.weights, overflow=a.overflow, quiet=a.quiet)  # fmt: skip
+    if sc:
+        from harness.run import fanout
+
+        fin = fanout.check(sc, select(a.impl), ops, dirs, dtypes, sets, device, json_path, a.argv, _command(a), invariance, a.overflow)
+        if fin.submitted or fin.outcome is None:
+            _fanned(fin)
+            return fin.exit_status
+        outcome = fin.outcome
+    else:
+        outcome = check.run(select(a.impl), ops, dirs, dtypes, sets, device, seed=a.seed, weights=a.weights,
+                            overflow=a.overflow, quiet=a.quiet, invariance=invariance)  # fmt: skip
     check.print_summary(outcome, _console())
-    if json_path:
+    if fin:
+        _fanned(fin)
+        if fin.exit_status:
+            return fin.exit_status
+    elif json_path:
         check.write_json(outcome, json_path, command)
     if outcome.interrupted:
         return 130
@@ -312,7 +381,7 @@ def _bench_selection(a):
     from harness.registry import select
     from harness.spec.roofline import DIRECTIONS_BENCH
 
-    ops = _split(a.op, OPS, "op")
+    ops = _ops(a.op)
     dirs = _split(a.direction or "fwd,bwd", DIRECTIONS_BENCH, "direction")
     dtypes = _split(a.dtype or "bf16", tuple(DTYPES), "dtype")
     sets = _shape_sets(a.shapes or "sweep,decode", "cuda")
@@ -321,27 +390,54 @@ def _bench_selection(a):
     return impls, ops, dirs, sets, dtypes, weights
 
 
-def cmd_bench(a) -> int:
-    import torch
-
-    from harness.results import report
-    from harness.run.bench import default_out_dir, run_bench
-
-    if a.out:  # before anything else: a folder of results is never wiped by accident
-        _refuse_to_overwrite(Path(a.out), a)
-    _require_cuda("bench")
-    impls, ops, dirs, sets, dtypes, weights = _bench_selection(a)
-    profile_ns = _ints(a.profile_n, "--profile-n") if a.profile else None
-    out = _output_dir(a.out or default_out_dir(torch.cuda.get_device_name(0)), "--out")
-    if not a.out:  # the default folder (named by the GPU) is known only now
-        _refuse_to_overwrite(out, a)
-    command = "normbench " + " ".join(shlex.quote(x) for x in sys.argv[1:])
+def _timer(a):
     from harness.run.timer import CudaTimer
 
     if a.rep_ms <= 0 or a.warmup_ms < 0:
         raise UsageError("--rep-ms must be > 0 and --warmup-ms >= 0")
-    timer = CudaTimer(warmup_ms=a.warmup_ms, rep_ms=a.rep_ms)
-    meta, rows = run_bench(impls, ops, dirs, sets, dtypes, out, resume=a.resume, command=command, timer=timer, weights=weights)
+    return CudaTimer(warmup_ms=a.warmup_ms, rep_ms=a.rep_ms)
+
+
+def cmd_bench(a) -> int:
+    import torch
+
+    from harness.results import report
+    from harness.run import fanout
+    from harness.run.bench import default_out_dir, run_bench
+
+    sc = _scale(a)
+    if a.shard_spec:  # one of a fan-out's workers: its shard's points into its shard's folder
+        _require_cuda("bench")
+        shard = fanout.load_shard(a.shard_spec, a.shard_index)
+        return fanout.bench_worker(shard, *_bench_selection(a), timer=_timer(a))
+    if a.out:  # before anything else: a folder of results is never wiped by accident
+        _refuse_to_overwrite(Path(a.out), a)
+    if sc:
+        if sc.executor == "slurm" and (not a.out or a.profile):
+            raise UsageError("bench --executor slurm needs --out (a folder the nodes share)" if not a.out else
+                             "--profile runs on this machine's GPU after the merge: not with --executor slurm (profile the folder on a GPU node)")  # fmt: skip
+        gpu = fanout.gpu_model(sc)
+    else:
+        _require_cuda("bench")
+        gpu = None
+    impls, ops, dirs, sets, dtypes, weights = _bench_selection(a)
+    profile_ns = _ints(a.profile_n, "--profile-n") if a.profile else None
+    out = _output_dir(a.out or default_out_dir(gpu or torch.cuda.get_device_name(0)), "--out")
+    if not a.out:  # the default folder (named by the GPU) is known only now
+        _refuse_to_overwrite(out, a)
+    command = "normbench " + " ".join(shlex.quote(x) for x in sys.argv[1:])
+    timer = _timer(a)
+    if sc:
+        fin = fanout.bench(sc, impls, ops, dirs, sets, dtypes, weights, out, a.resume, a.argv, _command(a))
+        if fin.submitted or not fin.rows:  # submitted (--no-wait), or nothing measured
+            if fin.submitted or fin.problems:
+                _fanned(fin)
+            else:
+                print(f"bench: nothing left to measure in {out}")
+            return fin.exit_status
+        meta, rows = fin.meta, fin.rows
+    else:
+        meta, rows = run_bench(impls, ops, dirs, sets, dtypes, out, resume=a.resume, command=command, timer=timer, weights=weights)
     written = report.write_report(out, meta, rows)
     _print_rank(rows)
     print(f"wrote {out}/results.jsonl, {written['report']}, {written['csv']} and {len(written['plots'])} plots")
@@ -350,24 +446,44 @@ def cmd_bench(a) -> int:
 
         profile(out, ns=profile_ns, ops=ops, directions=dirs, rows=rows)
         report.write_report(out, meta, rows)
+    if sc:
+        _fanned(fin)
+        return fin.exit_status
     return 0
 
 
 def cmd_warm(a) -> int:
+    from harness.run import fanout
     from harness.run.warm import run_warm
 
-    if a.jobs < 1:
+    sc = _scale(a)
+    jobs = a.jobs if a.jobs is not None else fanout.default_jobs(sc, a.shard_spec, a.shard_index)
+    if jobs < 1:
         raise UsageError("--jobs must be >= 1")
-    _require_cuda("warm")
+    if a.shard_spec:  # one of a fan-out's workers: its shard's searches on its GPU
+        _require_cuda("warm")
+        return fanout.warm_worker(fanout.load_shard(a.shard_spec, a.shard_index), *_bench_selection(a), jobs=jobs)
+    if sc:
+        fanout.gpu_model(sc)
+    else:
+        _require_cuda("warm")
     impls, ops, dirs, sets, dtypes, weights = _bench_selection(a)
     out = _output_dir(a.out, "--out")
-    rows = run_warm(impls, ops, dirs, sets, dtypes, out, jobs=a.jobs, weights=weights)
+    if sc:
+        fin = fanout.warm(sc, impls, ops, dirs, sets, dtypes, weights, out, a.argv, _command(a))
+        rows = fin.rows or []
+    else:
+        rows = run_warm(impls, ops, dirs, sets, dtypes, out, jobs=jobs, weights=weights)
     bad = [r for r in rows if r["status"] != "ok"]
     total = sum(r["search_s"] for r in rows)
-    jobs = min(a.jobs, len(rows))  # run_warm starts no more workers than points
-    print(f"warmed {len(rows) - len(bad)} of {len(rows)} points ({total:.0f} s of searches over {jobs} processes); wrote {out}/warm.jsonl")
+    where = f"{fin.shards} GPUs x {jobs}" if sc else min(jobs, len(rows))  # run_warm starts no more workers than points
+    if not (sc and fin.submitted):
+        print(f"warmed {len(rows) - len(bad)} of {len(rows)} points ({total:.0f} s of searches over {where} processes); wrote {out}/warm.jsonl")
     for r in bad:
         print(f"  {r['impl']} {r['op']} {r['direction']} {r['shape']} {r['dtype']}: {r['reason']}")
+    if sc:
+        _fanned(fin)
+        return fin.exit_status
     return 0
 
 
@@ -384,6 +500,14 @@ def _ints(value: str, what: str) -> list[int]:
 def cmd_merge(a) -> int:
     from harness.results import report
     from harness.results.store import merge_results
+    from harness.run import fanout
+
+    if any(fanout.is_fanout(Path(p)) for p in a.sources):  # a fan-out's work folder: its shards
+        if len(a.sources) != 1:
+            raise UsageError("merge: a fan-out's work folder is merged alone: normbench merge DEST WORKFOLDER")
+        fin = fanout.merge(Path(a.dest), Path(a.sources[0]))
+        _fanned(fin)
+        return 1 if fin.problems else 0
 
     rows = merge_results(Path(a.dest), [Path(p) for p in a.sources], commit=a.commit)
     written = report.write_report(Path(a.dest))
@@ -396,13 +520,14 @@ def cmd_overhead(a) -> int:
     from harness.run.overhead import markdown, run
 
     device = _device(a.device)
-    ops = _split(a.op, OPS, "op")
+    ops = _ops(a.op)
     if a.calls < 1 or a.trials < 1:
         raise UsageError("--calls and --trials must be >= 1")
     out = _output_file(a.out, "--out")
     if out:
         out.parent.mkdir(parents=True, exist_ok=True)
-    rows = run(select(a.impl), ops, _shape(a.shape), a.dtype, device, out, a.calls, a.trials)
+    command = "normbench " + " ".join(shlex.quote(x) for x in sys.argv[1:])
+    rows = run(select(a.impl), ops, _shape(a.shape), a.dtype, device, out, a.calls, a.trials, command=command)
     print("\n".join(markdown(rows)))
     if out:
         print(f"wrote {out}")
@@ -425,7 +550,7 @@ def cmd_profile(a) -> int:
         out = Path(a.reports) / slug(torch.cuda.get_device_name(0))
         if not (out / "results.jsonl").exists():
             raise UsageError(f"no benchmark report of this GPU in {out} (name a folder)")
-    ops = _split(a.op, OPS, "op") if a.op else None
+    ops = _ops(a.op) if a.op else None
     dirs = _split(a.direction, DIRECTIONS_BENCH, "direction") if a.direction else None
     ns = _ints(a.n, "--n") if a.n else list(DEFAULT_NS)
     if not a.timeout > 0:
@@ -530,7 +655,7 @@ def cmd_tune(a) -> int:
         raise UsageError(f"no implementation matching '{a.impl}' has a tune hook")
     _require_cuda("tune")
     dev = "cuda"
-    ops = _split(a.op, OPS, "op")
+    ops = _ops(a.op)
     sets = _shape_sets(a.shapes or "sweep", dev)
     shapes = [s for _, ss in sets for s in ss]
     dtype = _split(a.dtype or "bf16", tuple(DTYPES), "dtype")[0]
@@ -571,7 +696,8 @@ def cmd_codegen(a) -> int:
 
 
 def cmd_model(a) -> int:
-    device = _device(a.device)
+    sc = _scale(a)
+    device = _device(a.device, fanned=sc is not None)
     if device == "cpu":  # before transformers imports triton (see cmd_check)
         from harness.spec.interpreters import INTERPRETERS
 
@@ -583,8 +709,52 @@ def cmd_model(a) -> int:
     if why:
         raise UsageError(why)
     archs = _split(a.arch, tuple(models.ARCHS), "arch")
-    return models.run(archs, a.size, select(a.impl), device=device, steps=a.steps, compile=a.compile,
-                      trials=a.trials, out=Path(a.out) if a.out else None, dtype=a.dtype, seed=a.seed)  # fmt: skip
+    out = Path(a.out) if a.out else None
+    train_only = {"--compile": a.compile or None, "--steps": a.steps, "--steps-per-trial": a.steps_per_trial, "--group": a.group}
+    decode_only = {"--batch": a.batch, "--prompt": a.prompt, "--new-tokens": a.new_tokens, "--paths": a.paths}
+    wrong = [opt for opt, value in (train_only if a.mode == "decode" else decode_only).items() if value is not None]
+    if wrong:
+        other = "train" if a.mode == "decode" else "decode"
+        raise UsageError(f"model: {wrong[0]} is an option of --mode {other}, not --mode {a.mode}")
+    shard = None
+    if sc or a.shard_spec:  # the architectures over the GPUs, one worker each (harness.run.fanout)
+        from harness.run import fanout
+        from harness.run.bench import default_out_dir
+
+        if a.mode == "decode":
+            raise UsageError("model --gpus: --mode decode is not spread over GPUs; run it without --gpus")
+        if sc:
+            if sc.executor == "slurm" and not a.out:
+                raise UsageError("model --executor slurm needs --out (a folder the nodes share)")
+            out = out or default_out_dir(fanout.gpu_model(sc) if device == "cuda" else "cpu") / "models"
+            fin = fanout.model(sc, archs, out, a.argv, _command(a))
+            _fanned(fin)
+            return fin.exit_status
+        shard = fanout.load_shard(a.shard_spec, a.shard_index, device)
+        archs, out = fanout.model_shard(shard, archs), shard.folder
+    if a.mode == "decode":
+        from harness.run import decode
+
+        paths = _split(a.paths, decode.PATHS, "path") if a.paths is not None else None
+        return decode.run(archs, a.size, select(a.impl), device=device, dtype=a.dtype, batches=a.batch, prompt=a.prompt,
+                          new_tokens=a.new_tokens, paths=paths, trials=a.trials, out=out, seed=a.seed, tag=a.tag)  # fmt: skip
+    status = models.run(archs, a.size, select(a.impl), device=device, steps=10 if a.steps is None else a.steps,
+                        compile=a.compile, trials=a.trials, out=out, dtype=a.dtype, seed=a.seed,
+                        steps_per_trial=a.steps_per_trial, group=a.group, tag=a.tag,
+                        command=shard.command if shard else None)  # fmt: skip
+    return shard.done(status) if shard else status
+
+
+def _counts(value: str) -> list[int]:
+    """--batch: comma-separated whole numbers (their range is checked where they are used)."""
+    items = [v.strip() for v in value.split(",") if v.strip()]
+    try:
+        counts = [int(v) for v in items]
+    except ValueError:
+        counts = []
+    if not counts:
+        raise argparse.ArgumentTypeError(f"expected whole numbers separated by commas, got '{_shown(value)}'")
+    return counts
 
 
 # Commands whose code is not the harness's: TritonBench's adapter, and the LLM generator, which lives
@@ -630,11 +800,34 @@ def build_parser() -> argparse.ArgumentParser:
         s.add_argument("--op", help=OP_HELP)
         s.add_argument("--weights", help=f"the parameters: {', '.join(WEIGHTS)} (fp32 beside 16-bit x; Gemma's 1 + w) (comma-separated for bench)")
         s.add_argument("--direction", help=f"{', '.join(directions)} (comma-separated)")
-        s.add_argument("--shapes", help="shape set(s): smoke, edge, sweep, between, decode, SET@LO-HI (the set's N in LO..HI, either side open), or MxN (comma-separated)")
+        s.add_argument("--shapes", help=f"shape set(s): {', '.join(SHAPE_SETS)}, SET@LO-HI (the set's N in LO..HI, either side open), or MxN (comma-separated)")
         s.add_argument("--dtype", help=f"{', '.join(DTYPES)} (comma-separated)")
+
+    def fan_out(s):
+        from harness.run.fanout import EXECUTORS
+
+        s.add_argument("--gpus", type=_gpus, metavar="N|all",
+                       help="spread the points over N GPUs (one worker process each), merged into what a serial run writes; docs/scale-out.md")
+        s.add_argument("--executor", choices=EXECUTORS,
+                       help="how --gpus starts its workers: processes (default: this host), local (submitit's local executor), slurm (a SLURM job array)")
+        s.add_argument("--no-wait", action="store_true", help="--executor slurm: submit and return; the array merges its shards when its last task ends")
+        g = s.add_argument_group("SLURM, with --executor slurm (through submitit)")
+        g.add_argument("--slurm-partition", help="the partition of GPU nodes (required)")
+        g.add_argument("--slurm-gpus-per-node", type=int, help="GPUs of each array task, on one node, one shard each (default: 1; --gpus is a multiple)")
+        g.add_argument("--slurm-time", type=int, metavar="MIN", help="time limit of each array task, in minutes (default: 240)")
+        g.add_argument("--slurm-cpus-per-gpu", type=int, help="CPU cores per GPU (default: 8)")
+        g.add_argument("--slurm-mem-gb", type=float, help="memory of each task in GB (default: the partition's)")
+        g.add_argument("--slurm-account", help="the account to charge")
+        g.add_argument("--slurm-qos", help="the quality of service")
+        g.add_argument("--slurm-constraint", help="node features, e.g. the GPU model (a report is of one GPU model)")
+        g.add_argument("--slurm-parallelism", type=int, help="at most this many tasks at once (default: all)")
+        g.add_argument("--slurm-setup", action="append", metavar="LINE", help="a shell line each task runs first (module load, source .venv/bin/activate); repeatable")
+        s.add_argument("--shard-spec", help=argparse.SUPPRESS)  # a fan-out's worker: its spec.json
+        s.add_argument("--shard-index", type=int, default=0, help=argparse.SUPPRESS)  # and its shard
 
     s = sub.add_parser("check", help="the correctness matrix against the fp64 reference")
     common(s)
+    fan_out(s)
     s.add_argument("--device", help="cpu or cuda (default: cuda if available)")
     s.add_argument("--json", metavar="FILE", help="write every result as JSON")
     s.add_argument("--seed", type=_seed, default=0, help="seed of the drawn inputs, 0 to 2**63 - 1 (default: 0)")
@@ -655,12 +848,14 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--profile-n", default="4096,16384,262144", help="row lengths N that --profile measures (default: 4096,16384,262144)")
     s.add_argument("--rep-ms", type=int, default=100, help="time budget of each trial's repetitions (do_bench rep)")
     s.add_argument("--warmup-ms", type=int, default=25, help="warm-up of each trial (do_bench warmup)")
+    fan_out(s)
     s.set_defaults(fn=cmd_bench)
 
     s = sub.add_parser("warm", help="compile and autotune points in parallel processes, for a later bench to find in the caches (GPU)")
     common(s, ("fwd", "bwd", "fwdbwd"))
     s.add_argument("--out", required=True, help="folder for warm.jsonl (each point's search seconds): the bench's report folder")
-    s.add_argument("--jobs", type=int, default=max(1, min(8, (os.cpu_count() or 2) // 2)), help="worker processes (default: half the CPUs, at most 8)")
+    s.add_argument("--jobs", type=int, help="worker processes (per GPU with --gpus; default: half the CPUs, over the GPUs, at most 8)")
+    fan_out(s)
     s.set_defaults(fn=cmd_warm)
 
     s = sub.add_parser("rank", help="leaderboards from benchmark results (default: the current report of each GPU)")
@@ -682,14 +877,14 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--commit", help="the commit holding the code the sources measured, where their meta.json records none or a -dirty tree")
     s.set_defaults(fn=cmd_merge)
 
-    s = sub.add_parser("overhead", help="host time per call (contract functions, autograd fwd+bwd) on a tiny shape")
+    s = sub.add_parser("overhead", help="host time per call (functions and modules, fwd and fwd+bwd, beside torch's own) on a tiny shape")
     s.add_argument("--impl", type=_impl_globs, help=IMPL_HELP)
     s.add_argument("--op", help=OP_HELP)
     s.add_argument("--shape", default="4x4096", help="a shape small enough that the GPU waits for the host (default: 4x4096)")
     s.add_argument("--dtype", default="bf16", choices=tuple(DTYPES), help="the dtype (default: bf16)")
     s.add_argument("--device", help="cpu or cuda (default: cuda if available)")
     s.add_argument("--calls", type=int, default=200, help="calls timed per trial (default: 200)")
-    s.add_argument("--trials", type=int, default=5, help="trials; the report gives their median and spread (default: 5)")
+    s.add_argument("--trials", type=int, default=5, help="interleaved rounds; each figure is their minimum (default: 5)")
     s.add_argument("--out", help="write the rows as JSON here")
     s.set_defaults(fn=cmd_overhead)
 
@@ -721,17 +916,26 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--out", help="write the code to this file instead of printing it")
     s.set_defaults(fn=cmd_codegen)
 
-    s = sub.add_parser("model", help="train a Hugging Face model with its own norms and each implementation's: agreement, step time")
+    s = sub.add_parser("model", help="a Hugging Face model with its own norms and each implementation's: training (agreement, step time) or decoding (ms per token, tokens)")
+    s.add_argument("--mode", default="train", choices=("train", "decode"), help="train: training steps; decode: generate with a KV cache (default: train)")
     s.add_argument("--arch", default="llama", help="llama, qwen3, gemma3, gpt2, mistral, qwen2 (comma-separated; default: llama)")
     s.add_argument("--size", default="tiny", choices=("tiny", "small", "1b"), help="model size: tiny (CI), small (4 layers, hidden 2048, 4 x 1024 tokens), 1b")
     s.add_argument("--impl", type=_impl_globs, help="glob(s) over implementation names or DSLs, comma-separated (default: all)")
-    s.add_argument("--steps", type=int, default=10, help="training steps compared (and per timing trial)")
-    s.add_argument("--trials", type=int, help="timing trials (default: 5 on cuda, none on cpu)")
-    s.add_argument("--compile", action="store_true", help="torch.compile the whole model")
-    s.add_argument("--dtype", default="bf16", help="model dtype: bf16 or fp32 (default: bf16)")
+    s.add_argument("--steps", type=int, help="train: training steps compared (default: 10)")
+    s.add_argument("--trials", type=int, help="timing trials (train: default 6 on cuda, none on cpu; decode: 5 on cuda, 2 on cpu)")
+    s.add_argument("--steps-per-trial", type=int, help="train: steps in each timing trial (default: --steps)")
+    s.add_argument("--group", type=int, help="train: variants timed together, the own norms included (default: as many copies as fit in device memory)")
+    s.add_argument("--compile", action="store_true", help="train: torch.compile each variant's whole model (the own norms become Inductor's)")
+    s.add_argument("--batch", type=_counts, help="decode: batch sizes, comma-separated (default: 1,32; tiny 1,2)")
+    s.add_argument("--prompt", type=int, help="decode: prompt tokens (default: 512; tiny 16)")
+    s.add_argument("--new-tokens", type=int, help="decode: tokens generated, greedy (default: 128; tiny 8)")
+    s.add_argument("--paths", help="decode: eager, cuda-graphs (comma-separated; default: both; cuda-graphs is skipped on the CPU)")
+    s.add_argument("--dtype", default="bf16", help="model dtype: bf16 or fp32; decode also fp16 (default: bf16)")
+    s.add_argument("--tag", help="appended to the report file names (runs of one configuration split over several commands)")
     s.add_argument("--device", help="cpu or cuda (default: cuda if available)")
     s.add_argument("--seed", type=int, default=0, help="seed of the weights and batches (default: 0)")
     s.add_argument("--out", help="report folder (default: runs/<gpu>/<date>/models)")
+    fan_out(s)
     s.set_defaults(fn=cmd_model)
 
     s = sub.add_parser("new", help="start an implementation: impls/NAME/ with its record and the six contract functions from a template")
@@ -756,6 +960,7 @@ def main(argv: list[str] | None = None) -> int:
             args = argparse.Namespace(fn=cmd_delegate(argv[0]), rest=argv[1:])
         else:
             args = parser.parse_args(argv)
+            args.argv = list(argv)  # what a fan-out's workers are started with
         return args.fn(args)
     except (ValueError, TypeError) as e:
         if os.environ.get("NORMBENCH_DEBUG"):

@@ -11,6 +11,8 @@ if not torch.cuda.is_available():
 
 import pytest  # noqa: E402
 
+from harness.spec.ops import OPS  # noqa: E402
+
 
 def _has(module: str) -> bool:
     try:
@@ -68,7 +70,7 @@ DEVICE = "cuda" if HAS_CUDA else "cpu"
 # What a known failure's key may name, as "field=value[,value...]" terms separated by spaces (a bare
 # word is an op): where the failure shows. A field it leaves out: the failure shows for every value.
 KNOWN_FAILURE_FIELDS = {
-    "op": ("rmsnorm", "layernorm", "add_rmsnorm"),
+    "op": tuple(OPS),  # every op record, the FP8 ones too
     "dtype": ("bf16", "fp16", "fp32"),
     "direction": ("fwd", "bwd"),
     "device": ("cpu", "cuda"),

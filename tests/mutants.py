@@ -179,7 +179,7 @@ def biased(factor: float = 1.005):
 
         return call
 
-    return SimpleNamespace(**{rec.function(d): function(rec, d) for rec in RECORDS.values() for d in ("fwd", "bwd")})
+    return SimpleNamespace(**{rec.function(d): function(rec, d) for rec in RECORDS.values() if not rec.quantized for d in rec.directions})
 
 
 def shifted(where: str = "all", ulps: float = 0.0, rel: float = 0.0, of_rms: float = 0.0):
@@ -285,3 +285,39 @@ def slow(seconds: float = 0.5):
         return eager.rmsnorm_fwd(x, weight, eps)
 
     return SimpleNamespace(rmsnorm_fwd=rmsnorm_fwd, rmsnorm_bwd=eager.rmsnorm_bwd)
+
+
+def _packed(t):
+    """A (T, H, N) per-head view read as if its heads were packed (token stride H * N): what a kernel
+    given one row stride does with the view of a fused QKV tensor. Rows past the first token's read
+    the parent's other heads (right only while the view is contiguous)."""
+    if t.dim() != 3:
+        return t
+    return torch.as_strided(t, (t.shape[0] * t.shape[1], t.shape[2]), (t.stride(1), 1), t.storage_offset())
+
+
+def heads_read_as_packed():
+    """A ``row_views`` kernel that takes its per-head views' row r at r * N (one row stride)."""
+
+    def rmsnorm_fwd(x, weight, eps):
+        return eager.rmsnorm_fwd(_packed(x), weight, eps)
+
+    def rmsnorm_bwd(dy, x, weight, rstd):
+        return eager.rmsnorm_bwd(_packed(dy), _packed(x), weight, rstd)
+
+    return SimpleNamespace(rmsnorm_fwd=rmsnorm_fwd, rmsnorm_bwd=rmsnorm_bwd)
+
+
+def heads_reshaped():
+    """The honest ``row_views`` kernel: the per-head view flattened by torch (a copy), as eager."""
+
+    def rows(t):
+        return t.reshape(-1, t.shape[-1]) if t.dim() == 3 else t
+
+    def rmsnorm_fwd(x, weight, eps):
+        return eager.rmsnorm_fwd(rows(x), weight, eps)
+
+    def rmsnorm_bwd(dy, x, weight, rstd):
+        return eager.rmsnorm_bwd(rows(dy), rows(x), weight, rstd)
+
+    return SimpleNamespace(rmsnorm_fwd=rmsnorm_fwd, rmsnorm_bwd=rmsnorm_bwd)

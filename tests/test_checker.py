@@ -8,6 +8,7 @@ import torch
 from harness import get
 from harness.run.checker import compare, poisoned_allocations, run_check
 from harness.spec.contract import OPS, Implementation
+from harness.spec.ops import get_op
 from harness.spec.shapes import SHAPE_SETS, Shape
 
 
@@ -20,7 +21,9 @@ def test_correct_bf16_kernel_passes_every_cpu_shape_set():
     for name in ("smoke", "edge"):
         for shape in SHAPE_SETS[name]:
             for op in OPS:
-                for d in ("fwd", "bwd"):
+                if get_op(op).unsupported(shape.n):  # N not a multiple of an FP8 op's group
+                    continue
+                for d in get_op(op).directions:
                     r = run_check(eager, op, d, shape, "bf16", "cpu")
                     assert r.passed, (name, shape, op, d, r.summary())
 
@@ -181,7 +184,8 @@ def test_overflow_backward_runs_on_the_forwards_own_statistics():
 
 
 # ---------------------------------------------------------------- bias
-ALL_OPS = tuple(OPS)
+# the ops whose outputs are rounded values (the FP8 ops' q is held exactly: tests/test_fp8.py)
+ALL_OPS = tuple(op for op in OPS if not get_op(op).quantized)
 
 
 def bias_shapes(elements: int) -> tuple:
@@ -357,3 +361,72 @@ def test_ctrl_c_keeps_what_was_checked(monkeypatch, capsys, tmp_path):
     assert "2 passed, 0 failed" in out and "interrupted" in out
     data = json.loads(path.read_text())
     assert data["interrupted"] is True and [r["status"] for r in data["results"]] == ["pass", "pass"]
+
+
+# ---------------------------------------------------------------- per-head views (row_views)
+def test_head_slice_views_have_a_token_stride_of_the_parents_heads():
+    from harness.spec.contract import DTYPES
+    from harness.spec.inputs import make_case
+
+    heads = [s for s in SHAPE_SETS["edge"] if s.layout.startswith("head-slice-")]
+    assert heads
+    for shape in heads:
+        t, h, n = shape.dims
+        p = int(shape.layout.rsplit("-", 1)[1])
+        case = make_case("add_rmsnorm", shape, DTYPES["bf16"])
+        for name in ("x", "residual"):
+            assert case[name].shape == (t, h, n) and case[name].stride() == (p * n, n, 1), (shape.label, name)
+        for name in ("dy", "dresidual_out"):  # gradients come contiguous, as attention's do
+            assert case[name].is_contiguous(), (shape.label, name)
+
+
+def test_perhead_set_pairs_every_view_with_its_contiguous_shape():
+    views = [s for s in SHAPE_SETS["perhead"] if s.layout != "contiguous"]
+    plain = {s.dims for s in SHAPE_SETS["perhead"] if s.layout == "contiguous"}
+    assert views and {s.dims for s in views} == plain
+
+
+@pytest.mark.parametrize("direction", ["fwd", "bwd"])
+def test_a_row_views_kernel_that_ignores_the_token_stride_is_caught(direction):
+    def record(factory):
+        return Implementation(name=f"mutant-{factory}", dsl="eager", entry=f"tests.mutants:{factory}", ops=("rmsnorm",), devices=("cpu",), row_views=True)
+
+    for shape in (s for s in SHAPE_SETS["edge"] if s.layout.startswith("head-slice-")):
+        wrong = run_check(record("heads_read_as_packed"), "rmsnorm", direction, shape, "bf16", "cpu")
+        assert wrong.status == "fail", (shape.label, wrong.summary())
+        right = run_check(record("heads_reshaped"), "rmsnorm", direction, shape, "bf16", "cpu")
+        assert right.passed, (shape.label, right.summary())
+
+
+def test_row_views_decides_whether_a_per_head_view_reaches_the_kernel_uncopied():
+    import torch
+
+    from harness.spec.ops import get_op
+    from harness.spec.validation import checked
+
+    seen = []
+
+    def rmsnorm_fwd(x, weight, eps):
+        seen.append(x)
+        xf = x.float()
+        rstd = torch.rsqrt(xf.square().mean(-1) + eps)
+        return (xf * rstd[..., None] * weight.float()).to(x.dtype), rstd.reshape(-1)
+
+    g = torch.Generator().manual_seed(7)
+    parent = torch.randn(6, 5, 32, generator=g)
+    view, w = parent[:, :3], torch.randn(32, generator=g)
+    for row_views in (True, False):
+        impl = Implementation(name="probe", dsl="eager", entry="x", devices=("cpu",), row_views=row_views)
+        y, rstd = checked(impl, get_op("rmsnorm"), "fwd", rmsnorm_fwd)(view, w, 1e-6)
+        got = seen.pop()
+        if row_views:  # the view itself: same storage, same strides
+            assert got.data_ptr() == parent.data_ptr() and got.stride() == (160, 32, 1)
+        else:  # (M, N) rows: no such view exists, so a copy
+            assert got.shape == (18, 32) and got.is_contiguous() and got.data_ptr() != parent.data_ptr()
+        expect = view * torch.rsqrt(view.square().mean(-1, keepdim=True) + 1e-6) * w
+        assert y.shape == view.shape and rstd.shape == (6, 3)
+        torch.testing.assert_close(y, expect)
+    # a view that has an (M, N) view goes as (M, N) rows either way: kernels keep their 2-D path
+    impl = Implementation(name="probe", dsl="eager", entry="x", devices=("cpu",), row_views=True)
+    checked(impl, get_op("rmsnorm"), "fwd", rmsnorm_fwd)(parent[:2], w, 1e-6)
+    assert seen.pop().dim() == 2

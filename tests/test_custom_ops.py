@@ -12,6 +12,7 @@ import torch
 
 from harness.integrate.autograd import AddRMSNorm, LayerNorm, RMSNorm, norm_ops
 from harness.registry import all_implementations
+from harness.spec.ops import get_op
 
 from . import counting_impl
 from .conftest import DEVICE
@@ -62,6 +63,9 @@ def test_opcheck(impl):
     inputs that require grad, backward with and without a weight; fp32 parameters for LayerNorm."""
     ops = norm_ops(impl)
     for op in cheaply(impl, impl.ops):
+        if not get_op(op).offers("bwd"):  # the FP8 ops: a forward op, no autograd
+            opcheck_fp8(ops, op)
+            continue
         x, w, b = tiny(param_dtype=torch.float32 if op == "layernorm" else None)
         fwd_args = {
             "rmsnorm": (x, w, 1e-5),
@@ -76,6 +80,21 @@ def test_opcheck(impl):
         grads = (dy, dy.flip(0).clone()) if op == "add_rmsnorm" else (dy,)
         for weight in cheaply(impl, (w, None)):
             torch.library.opcheck(getattr(ops, f"{op}_bwd"), (*grads, saved, weight, *stats))
+
+
+def opcheck_fp8(ops, op):
+    """An FP8 op's forward op: schema, fake function (q float8_e4m3fn, scale (M, N / group)) and
+    dispatch, on bf16 x with fp32 weights, and its outputs' form."""
+    rec = get_op(op)
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(3, 256, generator=g).to(DEVICE, torch.bfloat16)
+    w = (torch.rand(256, generator=g) + 0.5).to(DEVICE)
+    group = rec.group_of(x.shape[-1])
+    args = (x, x.flip(0).clone(), w, 1e-5, group) if "residual" in rec.inputs else (x, w, 1e-5, group)
+    fn = getattr(ops, rec.function("fwd"))
+    q, scale, *_ = fn(*args)
+    assert q.dtype == torch.float8_e4m3fn and q.shape == x.shape and scale.shape == (3, 256 // group)
+    torch.library.opcheck(fn, args)
 
 
 def model_for(impl, seed=0):

@@ -51,8 +51,14 @@ def test_plans_use_128_bit_vectors_and_whole_warps():
                 p = plan(direction, n, elem)
                 t = p.tile
                 assert t.threads[0] * t.threads[1] == WARP, (n, elem, t)
-                # 16-byte vectors unless the row is narrower than one
-                assert t.vec * elem == VECTOR_BYTES or t.vec == t.width, (n, elem, t)
+                # 16-byte vectors unless the row is narrower than one, or N is not a multiple of
+                # one (every row must start on a vector boundary): then the widest that divides N
+                assert (
+                    t.vec * elem == VECTOR_BYTES
+                    or t.vec == t.width
+                    or (n * elem % VECTOR_BYTES and n % t.vec == 0 and (n // t.vec) % 2)
+                ), (n, elem, t)
+                assert n % t.vec == 0, (n, elem, t)
                 # threads and warps along N never exceed the tile: no lane holds a copy of another's
                 assert t.vec * t.threads[1] * t.warps[1] <= t.width, (n, elem, t)
                 assert p.pieces * t.width >= n, (n, elem, p)
@@ -60,6 +66,58 @@ def test_plans_use_128_bit_vectors_and_whole_warps():
                     assert t.width == next_pow2(n)
                 else:
                     assert (p.pieces - 1) * t.width < n, (n, elem, p)
+
+
+def test_small_rows_take_tens_of_rows_per_program():
+    """QK-norm's rows (N = 64-512 of 16-bit x): a program moves at least 1 KB of x per warp, each
+    lane more than one 16-byte vector of it, so that a million rows are not a million tiny loads."""
+    from impls.gluon.plan import VECTOR_BYTES, WARP, plan
+
+    for n in (64, 128, 256, 512):
+        for direction in ("fwd", "bwd"):
+            t = plan(direction, n, 2).tile
+            assert t.vec * 2 == VECTOR_BYTES and t.rows * n * 2 >= 1024 * t.num_warps, (n, direction, t)
+            assert t.rows * n >= 2 * t.vec * WARP * t.num_warps, (n, direction, t)
+
+
+def test_resident_programs_count_the_binding_limit():
+    from impls.gluon.plan import resident_programs
+
+    assert resident_programs(4, 32, 0) == 16  # threads: 2048 / 128
+    assert resident_programs(4, 128, 0) == 4  # registers: 65536 / (128 * 128)
+    assert resident_programs(16, 128, 1024) == 1
+    assert resident_programs(4, 40, 100 * 1024) == 2  # shared memory
+    assert resident_programs(1, 16, 0) == 32  # at most 32 programs
+
+
+def test_the_backward_grid_reads_the_binary_once_per_key(monkeypatch):
+    """The persistent backward's programs per SM come from the compiled binary's registers and
+    shared memory, compiled once per key; without a GPU, the thread limit's count."""
+    from types import SimpleNamespace
+
+    from impls.gluon import kernels
+    from impls.gluon.plan import programs_per_sm, resident_programs, tile
+
+    warmed = []
+
+    class Binary:
+        n_regs, metadata = 128, SimpleNamespace(shared=1024)
+
+        def _init_handles(self):
+            pass
+
+    class Kernel:
+        def warmup(self, grid, **kwargs):
+            warmed.append(kwargs["num_warps"])
+            return Binary()
+
+    monkeypatch.setattr(kernels, "_RESIDENT", {})
+    t = tile(128, 2, direction="bwd")
+    for _ in range(3):
+        assert kernels._resident(Kernel(), {}, {}, t, ("key",), True) == resident_programs(4, 128, 1024) == 4
+    assert warmed == [t.num_warps]
+    assert kernels._resident(Kernel(), {}, {}, t, ("other",), False) == programs_per_sm(t) == 16
+    assert warmed == [t.num_warps]
 
 
 def test_plan_rejects_bad_arguments():
@@ -117,6 +175,24 @@ def test_every_kernel_compiles_for_sm90a(gluon_kernels, n, dtype, param_dtype):
             assert ".target sm_90a" in ptx
             if x.stride(0) * x.element_size() % 16 == 0 and c.metadata.name != "_sum_partials_kernel":
                 assert "ld.global.v4" in ptx, f"{op} {direction} {c.metadata.name}: no 128-bit loads"
+
+
+@pytest.mark.slow
+def test_small_rows_and_head_views_compile_with_128_bit_accesses(gluon_kernels):
+    """QK-norm's rows (N = 128, the small-row tile) as (M, N) rows and as (T, NH, N) views of 3 of 7
+    heads (two row strides): every kernel compiles for sm_90a, with 128-bit loads."""
+    k = gluon_kernels
+    parent = torch.randn(4, 7, 128).to(torch.bfloat16)
+    w, b = torch.ones(128, dtype=torch.bfloat16), torch.zeros(128, dtype=torch.bfloat16)
+    for x in (parent.reshape(28, 128), parent[:, :3]):
+        dy = torch.randn(x.shape).to(torch.bfloat16)
+        s = torch.ones(x.numel() // 128)
+        for (op, direction), call in CALLS.items():
+            with k.compile_only() as compiled:
+                call(k, x, dy, w, b, s)
+            for c in compiled:
+                if c.metadata.name != "_sum_partials_kernel":
+                    assert "ld.global.v4" in c.asm["ptx"], f"{op} {direction} {tuple(x.shape)} {c.metadata.name}"
 
 
 def test_compile_only_leaves_nothing_launched(gluon_kernels):
@@ -257,12 +333,12 @@ def contract():
 
 
 # On the CPU the interpreter pays per program: every row regime, few rows. Beside the smoke rows:
-# a strided 3-D case, 19 row blocks over 16 persistent programs (some walk two: the backward's
+# a strided 3-D case, per-head views read in place (two row strides), 19 row blocks over 16 persistent programs (some walk two: the backward's
 # loop), the backward's column slices (N = 20001: 3 slices; fp32's forward chunks), bf16's forward
 # chunks (N = 262144; its backward slices are N = 20001's path, 14 s more in the interpreter).
 _EDGE = {s.label: s for s in SHAPE_SETS["edge"]}
 CPU_SHAPES = tuple(s for s in SHAPE_SETS["smoke"] if s.m == 3) + tuple(
-    _EDGE[label] for label in ("2x5x1003:column-slice", "37x1001", "3x20001", "2x262144")
+    _EDGE[label] for label in ("2x5x1003:column-slice", "5x3x96:head-slice-7", "37x1001", "3x20001", "2x262144")
 )
 # other dtypes than bf16: the smoke rows and the wide path
 CPU_SHAPES_OTHER = tuple(s for s in CPU_SHAPES if s.m == 3 and s.n != 1000)

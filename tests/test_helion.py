@@ -22,6 +22,9 @@ from harness.registry import get  # noqa: E402
 from harness.run.checker import compare, poisoned_allocations  # noqa: E402
 from harness.spec.inputs import make_case  # noqa: E402
 from harness.spec.ops import OPS  # noqa: E402
+
+# the norms, forward and backward (the FP8 ops, forward only, are tests/test_fp8.py's)
+NORMS = tuple(op for op, rec in OPS.items() if rec.offers("bwd"))
 from harness.spec.shapes import SHAPE_SETS, Shape  # noqa: E402
 from impls.helion import codegen, configs, kernels  # noqa: E402
 
@@ -177,11 +180,13 @@ def test_tuning_always_tries_the_fallback_first(entry):
     at every N, once, and the derived configs follow it."""
     from impls.helion import tune
 
-    for n in (1024, 2880, 5120, 16384, 20001, 65536, 262144):
+    for n in (128, 512, 1024, 2880, 5120, 16384, 20001, 65536, 262144):
         cands = tune.candidates(entry, 2**26 // n, n, 132)
         entries = [c.entry() for c in cands]
         assert entries[0] == configs.default_config(entry, n).entry()
         assert entries.count(entries[0]) == 1 and 1 < len(cands) <= tune.MAX_CANDIDATES
+        if n <= tune.SMALL_ROWS and entry.endswith("bwd"):  # small rows: the per-row accumulators
+            assert any(c.kernel.endswith("_bwd_heads") and c.config["block_sizes"][2] == 1 for c in cands)
 
 
 def test_few_rows_shrink_the_resident_backwards_block():
@@ -250,7 +255,7 @@ def _pin(monkeypatch, op: str, wide: bool, compiled: bool) -> SimpleNamespace:
     return SimpleNamespace(**{f"{op}_{d}": getattr(kernels, f"{op}_{d}") for d in ("fwd", "bwd")})
 
 
-@pytest.mark.parametrize("op", list(OPS))
+@pytest.mark.parametrize("op", NORMS)
 def test_split_backward_in_eager_mode(op, monkeypatch):
     """The CPU path runs the backward variant the default picks for N, the resident one for the
     shapes CI checks; run the split one (row sums, then [rows x columns] tiles) here, with fp32
@@ -261,7 +266,7 @@ def test_split_backward_in_eager_mode(op, monkeypatch):
 
 
 @TRITON_INTERPRETER
-@pytest.mark.parametrize("op", list(OPS))
+@pytest.mark.parametrize("op", NORMS)
 @pytest.mark.parametrize("direction", ["fwd", "bwd"])
 def test_generated_triton_under_the_interpreter(op, direction, monkeypatch, no_libdevice):
     """Eager mode runs kernel bodies as PyTorch ops; this runs the Triton that Helion generates (the
@@ -276,6 +281,72 @@ def test_generated_triton_under_the_interpreter(op, direction, monkeypatch, no_l
         dtype = torch.float16 if op == "add_rmsnorm" else torch.bfloat16
         case = drawn(op, Shape((6, 1003), "column-slice"), dtype, torch.float32 if wide else None)
         assert_passed(reports(k, op, direction, case), "split/looped, fp32 weights" if wide else "resident")
+
+
+def _pin_heads(monkeypatch, compiled: bool) -> None:
+    """Every backward on the kernels over (T, H, N) rows (``*_bwd_heads``, what the small rows are
+    pinned to), with steps of 2 rows so that a step's last rows are masked; forwards on 2 rows per
+    program. Compiled to Triton (for its interpreter) or in Helion's eager mode."""
+
+    def variant(entry, x, rows=1.0):
+        family, direction = entry.split("_")
+        if direction == "fwd":
+            return configs.Pinned(f"{family}_fwd_kernel", {"block_sizes": [2], "reduction_loops": [None]})
+        return configs.Pinned(f"{family}_bwd_heads", {"block_sizes": [4, 2, 1]})
+
+    monkeypatch.setattr(kernels, "choose", variant)
+    if compiled:
+
+        def run(kernel, config, *args):
+            bound = kernel.bind(args)
+            return bound.compile_config(configs.fit(config, bound))(*args)
+
+        monkeypatch.setattr(kernels, "launch", run)
+
+
+# (M, N) rows as (M, 1, N); per-head views of a fused QKV tensor (5 of 7 heads, 3 of 5 heads of 1003)
+HEAD_SHAPES = (Shape((7, 96)), Shape((6, 5, 96), "head-slice-7"), Shape((2, 3, 1003), "head-slice-5"))
+
+
+@pytest.mark.parametrize("compiled", [pytest.param(True, marks=TRITON_INTERPRETER), False], ids=["triton", "eager"])
+@pytest.mark.parametrize("op", NORMS)
+def test_kernels_over_heads(op, compiled, monkeypatch, no_libdevice):
+    """The kernels over (T, H, N) rows through the validated contract functions, which hand a
+    per-head view over as it is (``row_views``): y, dx and the statistics against fp64, 16-bit x
+    with fp32 parameters (fp16 for add_rmsnorm: see test_generated_triton_under_the_interpreter);
+    each step of 2 rows x 1 head, 4 rows per program, so that partial steps and blocks are masked."""
+    import dataclasses
+
+    from harness.spec.validation import checked
+
+    _pin_heads(monkeypatch, compiled)
+    # the harness's validation, without its switch to Helion's eager mode (which turns Triton's
+    # interpreter off for the call)
+    impl = dataclasses.replace(get("helion"), interpreter=None) if compiled else get("helion")
+    k = SimpleNamespace(**{f"{op}_{d}": checked(impl, OPS[op], d, getattr(kernels, f"{op}_{d}")) for d in ("fwd", "bwd")})
+    dtype = torch.float16 if op == "add_rmsnorm" else torch.bfloat16
+    for shape in HEAD_SHAPES:
+        case = drawn(op, shape, dtype, torch.float32)
+        if shape.layout != "contiguous":
+            assert case["x"].dim() == 3 and not case["x"].is_contiguous()
+        for direction in ("fwd", "bwd"):
+            assert_passed(reports(k, op, direction, case), f"{shape.label} {direction}")
+
+
+def test_heads_config_keeps_rows_per_program_and_step():
+    """A config pinned for rows of N, for H heads: the same rows per program and per step, as many
+    of them heads as fit (H rounded up to a power of two); a (M, 1, N) config stays as it is."""
+    resident = configs.Pinned("rmsnorm_bwd_resident", {"block_sizes": [256, 16], "num_warps": 4, "range_num_stages": [0, 3]})
+    assert configs.heads_config(resident, 32)["block_sizes"] == [8, 1, 16]
+    assert configs.heads_config(resident, 8)["block_sizes"] == [32, 2, 8]
+    assert configs.heads_config(resident, 3)["block_sizes"] == [64, 4, 4]
+    assert configs.heads_config(resident, 8)["range_num_stages"] == [0, 3, 0]
+    small = configs.Pinned("rmsnorm_bwd_heads", {"block_sizes": [256, 16, 1], "num_warps": 4})
+    assert configs.heads_config(small, 1) == small.config
+    assert configs.heads_config(small, 64)["block_sizes"] == [4, 1, 16]
+    fwd = configs.Pinned("layernorm_fwd_kernel", {"block_sizes": [32], "reduction_loops": [None], "num_warps": 4})
+    assert configs.heads_config(fwd, 8)["block_sizes"] == [4, 8]
+    assert configs.heads_config(fwd, 64)["block_sizes"] == [1, 32]
 
 
 EDGE = SHAPE_SETS["edge"]
@@ -352,7 +423,7 @@ def check_overflow(k, op: str, dtype: torch.dtype, device: str = "cpu") -> None:
     assert_passed(reports(k, op, "fwd", rows), f"{op}: finite rows")
 
 
-@pytest.mark.parametrize("op", list(OPS))
+@pytest.mark.parametrize("op", NORMS)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_overflowing_statistics_give_nan_not_a_finite_wrong_number(op, dtype):
     """Rows near 1e30 in bf16 or fp32: the sum of squares overflows fp32. torch's layer_norm returns
@@ -435,7 +506,7 @@ def test_gpu_add_rmsnorm_fp32_parameters_and_overflow():
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # an untuned GPU falls back to the default configs
         for shape in SHAPE_SETS["decode"] + (EDGE[0], EDGE[7], EDGE[8]):
-            for op in OPS:
+            for op in NORMS:
                 for param_dtype in (None, torch.float32):
                     case = drawn(op, shape, torch.bfloat16, param_dtype, device="cuda")
                     if param_dtype is None and op == "add_rmsnorm":
@@ -444,7 +515,7 @@ def test_gpu_add_rmsnorm_fp32_parameters_and_overflow():
                         bad = [f"{r.name}: {r.reason}" for r in reports(k, op, direction, case) if not r.passed]
                         if bad:
                             failures.append(f"{op} {direction} {shape.label} params {param_dtype}: {'; '.join(bad)}")
-        for op in OPS:
+        for op in NORMS:
             check_overflow(k, op, torch.bfloat16, "cuda")
     assert not failures, "\n".join(failures)
 
@@ -596,7 +667,7 @@ def _dweight_over_tiles(monkeypatch, op: str, wide: bool) -> list[str]:
 
 @TRITON_INTERPRETER
 @pytest.mark.parametrize("wide", [False, True], ids=["resident", "split"])
-@pytest.mark.parametrize("op", list(OPS))
+@pytest.mark.parametrize("op", NORMS)
 def test_dweight_sums_every_row_tile_and_block(op, wide, monkeypatch, no_libdevice):
     """dweight (and dbias) of the generated Triton on several M, so that a program walks several
     row tiles and several programs write partials; a kernel keeping only the last tile's fails."""

@@ -44,9 +44,10 @@ def plan():
                             shapes = COSTLY_OTHER_DTYPES if set_name == "edge" else ()
                     elif not HAS_CUDA and dtype != "bf16" and set_name == "smoke":
                         shapes = COSTLY_SMOKE + MANY_ROWS
+                    shapes = tuple(s for s in shapes if not get_op(op).unsupported(s.n))  # an FP8 op's group must divide N
                     if not shapes:
                         continue
-                    for direction in ("fwd", "bwd"):
+                    for direction in get_op(op).directions:
                         marks = [pytest.mark.skip(reason=f"{impl.name}: {why}")] if why else []
                         # a failure is expected only where the record says so (an anchor's departure
                         # from the contract, an LLM sample's failure explained after it was stored)
@@ -74,6 +75,7 @@ def test_matches_fp64_reference(impl, op, dtype, set_name, shapes, direction):
 # row paths the main plan covers.
 VARIANTS = (("fp32", ("bf16", "fp16")), ("offset", ("bf16", "fp16", "fp32")))
 VARIANT_SHAPES = (SHAPE_SETS["edge"][5], SHAPE_SETS["edge"][0])  # 37x1001, 96x1000 column slice
+VARIANT_SHAPES_G128 = (SHAPE_SETS["edge"][1],)  # 4x33x256
 COSTLY_VARIANTS = (("fp32", ("bf16",)), ("offset", ("fp32",)))
 
 
@@ -89,7 +91,9 @@ def variant_plan():
             for weights, dtypes in COSTLY_VARIANTS if costly else VARIANTS:
                 for dtype in (d for d in dtypes if d in impl.dtypes):
                     shapes = VARIANT_SHAPES[:1] if costly else VARIANT_SHAPES
-                    for d in ("fwd", "bwd"):
+                    if get_op(op).group:  # the 1 x 128 FP8 ops: N a multiple of 128
+                        shapes = VARIANT_SHAPES_G128[:1] if costly else VARIANT_SHAPES_G128
+                    for d in get_op(op).directions:
                         marks = _marks(impl, impl.unavailable(DEVICE), op=op, **_where(d, dtype, weights))
                         yield pytest.param(impl, op, dtype, weights, shapes, d, id=f"{impl.name}-{op}-{dtype}-{weights}-{d}", marks=marks)
 
@@ -127,9 +131,9 @@ def _affine_free_params():
 @pytest.mark.parametrize("impl", list(_affine_free_params()))
 def test_without_affine_parameters(impl):
     """weight=None (elementwise_affine=False), bias=None, and dresidual_out=None (add_rmsnorm)."""
-    shape = SHAPE_SETS["edge"][5]
     for op in impl.ops:
-        for direction in ("fwd", "bwd"):
+        shape = SHAPE_SETS["edge"][1 if get_op(op).group else 5]  # 4x33x256 where N must be a multiple of 128
+        for direction in get_op(op).directions:
             r = run_check(impl, op, direction, shape, "bf16", DEVICE, affine=False)
             assert r.passed, (op, direction, r.summary())
 

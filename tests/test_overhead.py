@@ -4,7 +4,7 @@ import json
 
 from harness.cli import main
 from harness.registry import get
-from harness.run.overhead import markdown, run
+from harness.run.overhead import COMPARED, OWN, markdown, ratio_key, run
 from harness.spec.contract import Implementation
 from harness.spec.shapes import Shape
 
@@ -15,14 +15,23 @@ def test_overhead_rows_and_a_failing_implementation_is_recorded(tmp_path):
     rows = run([get("eager"), broken], ["rmsnorm", "layernorm"], Shape((4, 256)), "bf16", "cpu", out, calls=3, trials=2)
     by = {(r["impl"], r["op"]): r for r in rows}
     native = "torch.nn.functional"
-    assert set(by) == {("eager", "rmsnorm"), ("eager", "layernorm"), ("broken", "rmsnorm"), (native, "rmsnorm"), (native, "layernorm")}
-    assert all(by[(native, op)]["autograd_fwd_bwd_us"] > 0 and by[(native, op)]["contract_bwd_us"] is None for op in ("rmsnorm", "layernorm"))
+    assert set(by) == {
+        ("eager", "rmsnorm"),
+        ("eager", "layernorm"),
+        ("broken", "rmsnorm"),
+        (native, "rmsnorm"),
+        (native, "layernorm"),
+    }
     for op in ("rmsnorm", "layernorm"):
-        r = by[("eager", op)]
-        assert all(r[k] > 0 for k in ("contract_fwd_us", "contract_bwd_us", "autograd_fwd_bwd_us", "custom_op_fwd_bwd_us"))
+        ref, r = by[(native, op)], by[("eager", op)]
+        assert all(ref[k] > 0 for k in COMPARED) and not any(k in ref for k in OWN)
+        assert all(r[k] > 0 for k in COMPARED + OWN)
+        # each compared figure beside its ratio to torch's, from the same run
+        assert all(r[ratio_key(k)] == r[k] / ref[k] for k in COMPARED)
     assert "error" in by[("broken", "rmsnorm")]
     saved = json.loads(out.read_text())
-    assert saved["device"] == "cpu" and len(saved["rows"]) == 5
+    assert saved["device"] == "cpu" and len(saved["rows"]) == 5 and saved["rounds"] == 2
+    assert saved["environment"]["git_commit"] is None or len(saved["environment"]["git_commit"]) >= 40
     table = "\n".join(markdown(rows))
     assert "| eager | rmsnorm |" in table and "| broken | rmsnorm |" in table and f"| {native} | layernorm |" in table
 
@@ -38,6 +47,6 @@ def test_every_op_is_measured_from_its_record():
     rows = run([get("eager")], ["add_rmsnorm"], Shape((4, 256)), "bf16", "cpu", calls=3, trials=2)
     by = {r["impl"]: r for r in rows}
     assert "error" not in by["eager"], by["eager"]
-    assert by["eager"]["contract_fwd_us"] > 0 and by["eager"]["contract_bwd_us"] > 0
-    # the reference row runs x + residual then F.rms_norm through autograd
-    assert by["torch.nn.functional"]["autograd_fwd_bwd_us"] > 0
+    assert all(by["eager"][k] > 0 for k in COMPARED + OWN)
+    # the reference row runs x + residual then F.rms_norm (and torch.nn.RMSNorm) through autograd
+    assert all(by["torch.nn.functional"][k] > 0 for k in COMPARED)

@@ -29,6 +29,7 @@ from impls.triton import configs as C  # noqa: E402  (imports no triton kernels)
 IMPL = Implementation(
     name="triton-test", dsl="triton", entry="impls.triton.kernels", devices=("cpu", "cuda"),
     requires=(package("triton"),), interpreter="TRITON_INTERPRET", ops=("rmsnorm", "layernorm", "add_rmsnorm"),
+    row_views=True,
 )  # fmt: skip
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -172,6 +173,16 @@ def test_backward_candidates_of_wide_rows_include_whole_rows_without_prefetch():
     assert tune._config({"rows": 2, "warps": 8, "check": "pass", "ms": 1.0}) == C.Config(rows=2, warps=8)
 
 
+def test_small_row_candidates_sum_dw_per_tile_row_once():
+    # the H100's small-row winners are in the search space, and only short rows get them
+    assert C.Config(rows=32, warps=8, programs_per_sm=2, acc_rows=True) in C.candidates("bwd", 128)
+    assert C.Config(rows=64, warps=8) in C.candidates("fwd", 128)
+    assert not any(c.acc_rows for c in C.candidates("bwd", 1024))
+    # left out of the tables at its default, like prefetch
+    assert "acc_rows" not in C.Config(rows=2).to_json()
+    assert C.Config(acc_rows=True).to_json()["acc_rows"] is True
+
+
 def test_fp32_weights_take_one_row_per_reread_tile():
     """Two-row re-read tiles spill with an fp32 weight beside 16-bit rows (sm90a_resources.txt);
     everything else keeps the config measured with weights of x's dtype."""
@@ -243,12 +254,14 @@ PATHS = {
     "row, re-read": (ROW, C.Config(rows=2, programs_per_sm=2, reread=True)),
     "row, exact N": (C.Config(rows=4, warps=4, exact_n=True), C.Config(rows=2, programs_per_sm=2, reread=True, exact_n=True)),
     "row, no prefetch": (ROW, C.Config(rows=2, programs_per_sm=3, prefetch=False)),
+    "row, dw per tile row": (C.Config(rows=8), C.Config(rows=4, programs_per_sm=3, acc_rows=True)),
     "chunked / sliced with row sums": (CHUNKED_FWD, SLICED_BWD),
     "one chunk / slice per row": (C.Config(rows=1, chunk=1024), C.Config(rows=4, slice=2048, row_sums=True, programs_per_sm=2)),
     # 4 slices of 1001 columns, each streamed in 2 tiles by its siblings; 10 row groups
     "sliced, streamed": (ROW, C.Config(rows=1, warps=4, slice=256, chunk=128, programs_per_sm=10)),
 }
-SHAPES = [Shape((37, 1001)), Shape((2, 5, 130), "column-slice")]
+# the per-head view's rows (T, H, N) have no (M, N) view: the kernels get it as it is
+SHAPES = [Shape((37, 1001)), Shape((2, 5, 130), "column-slice"), Shape((3, 4, 130), "head-slice-6")]
 
 
 @pytest.mark.parametrize("path", list(PATHS))
@@ -257,7 +270,8 @@ SHAPES = [Shape((37, 1001)), Shape((2, 5, 130), "column-slice")]
 def test_kernel_paths(path, op, direction):
     kernels = _kernels(*PATHS[path])
     points = [(shape, "bf16", True) for shape in SHAPES]
-    if path in ("chunked / sliced with row sums", "row, re-read", "row, exact N", "row, no prefetch", "sliced, streamed"):
+    if path in ("chunked / sliced with row sums", "row, re-read", "row, exact N", "row, no prefetch", "sliced, streamed",
+                "row, dw per tile row"):  # fmt: skip
         points += [(SHAPES[0], "fp32", True), (SHAPES[0], "bf16", False)]
     for shape, dtype, affine in points:
         r = run_check(IMPL, op, direction, shape, dtype, DEVICE, affine=affine, kernels=kernels)

@@ -10,7 +10,11 @@
 Everything here calls the implementation's custom ops (``harness.integrate.library``:
 ``torch.ops.normbench.<impl>_<function>``), whose autograd formula is the contract's backward, where
 torch.compile traces; eager calls take their twin, a torch.autograd.Function around the same
-validated kernels and formula, which spares the custom op's dispatch (``library._eager``).
+validated kernels and formula, which spares the custom op's dispatch (``library._eager``). A call
+with nothing to differentiate (``torch.no_grad()``, inference, no input that requires grad) runs the
+kernels without the Function; a call like an earlier one (the same shapes, strides, dtypes and
+devices) runs the launch plan that call left (``harness.spec.validation.checked``), its arguments
+checked by what can differ from that call.
 
 * The implementation is chosen when a module is built: the module holds that implementation's ops,
   and ``torch.compile`` (``fullgraph=True`` works) puts those ops into the graph as opaque nodes that
@@ -79,11 +83,18 @@ def _weight(x, weight, weight_offset):
     if weight is not None:
         check_tensor(weight, "weight")
         check_param_dtype(weight, x, "weight")
+    if type(weight_offset) is float and weight_offset == 0.0:  # no offset: the weight as it is
+        return weight
     return effective_weight(weight, weight_offset)
 
 
+def _eps(eps) -> float:
+    # a Python float checked here; anything else converted or refused by check_eps
+    return eps if type(eps) is float and eps >= 0 else check_eps(eps)
+
+
 def _rmsnorm_args(x, weight, eps, weight_offset):
-    return _tensor(x), _weight(x, weight, weight_offset), check_eps(eps)
+    return _tensor(x), _weight(x, weight, weight_offset), _eps(eps)
 
 
 def _layernorm_args(x, weight, bias, eps, weight_offset):
@@ -98,11 +109,11 @@ def _layernorm_args(x, weight, bias, eps, weight_offset):
         elif weight is not None and bias.dtype != weight.dtype:
             # one parameter dtype per call (kernels may assume it): fp32, the wider, for both
             weight, bias = weight.float(), bias.float()
-    return x, weight, bias, check_eps(eps)
+    return x, weight, bias, _eps(eps)
 
 
 def _add_rmsnorm_args(x, residual, weight, eps, weight_offset):
-    return _tensor(x), _tensor(residual, "residual"), _weight(x, weight, weight_offset), check_eps(eps)
+    return _tensor(x), _tensor(residual, "residual"), _weight(x, weight, weight_offset), _eps(eps)
 
 
 _ARGS = {"rmsnorm": _rmsnorm_args, "layernorm": _layernorm_args, "add_rmsnorm": _add_rmsnorm_args}
@@ -150,17 +161,19 @@ def _compiled(impl, op: str, args: tuple):
     return _traced(rec, getattr(getattr(torch.ops, NAMESPACE), name).default, op, args)
 
 
-# (id of the record, op) -> (the record, its eager twin): a call skips the ops' look-up, which hashes
-# every field of the record. The entry holds the record, so no other object takes its id meanwhile.
-_TWINS: dict[tuple[int, str], tuple[Implementation, object]] = {}
+# (name or id of the record, op) -> (the record, its eager twin): a call skips the ops' look-up, which
+# hashes every field of the record. The entry holds the record, so no other object takes its id meanwhile.
+_TWINS: dict[tuple, tuple[Implementation, object]] = {}
 
 
 def _forward(impl, op: str):
     """The eager twin of ``op``'s forward in ``impl`` (a name or a record)."""
-    rec = get(impl) if isinstance(impl, str) else impl
-    hit = _TWINS.get((id(rec), op))
+    # a name always means the registry's record: keyed by itself, it skips the look-up
+    key = (impl, op) if type(impl) is str else (id(impl), op)
+    hit = _TWINS.get(key)
     if hit is None:
-        hit = _TWINS[(id(rec), op)] = (rec, norm_ops(rec).forward(op))
+        rec = get(impl) if isinstance(impl, str) else impl
+        hit = _TWINS[key] = (rec, norm_ops(rec).forward(op))
     return hit[1]
 
 

@@ -14,6 +14,9 @@ Schemas, fake (meta) functions and autograd formulas are derived from the op rec
 (``harness.spec.ops``), not written per op: a ``rows`` tensor is (..., N) in x's dtype, a ``stat`` is
 (...,) fp32, a ``param`` is (N,) in the weight's dtype.
 
+Forward-only ops (the FP8 ops, whose q has no gradient) get a forward op and no autograd formula,
+one per contract function (the records of its groupings share it): ``normbench::triton_rmsnorm_fp8_fwd``.
+
 Outputs a custom op cannot return: ``None`` (dweight without a weight) becomes an empty (0,)
 placeholder that the autograd formula drops; a returned tensor sharing storage with an input or an
 earlier output (not allowed for an op) is cloned, a no-op check otherwise. dweight / dbias leave the
@@ -48,17 +51,19 @@ too, for a direct call of an op.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
 
 from harness.registry import all_implementations
 from harness.spec.contract import Implementation
+from harness.spec.fp8 import FP8_DTYPE, check_group
 from harness.spec.ops import OPS, Arg, Op
-from harness.spec.validation import check_eps, check_like_x, check_stats, check_vector, check_x
+from harness.spec.validation import check_eps, check_like_x, check_stats, check_vector, check_x, checked
 
 NAMESPACE = "normbench"
-_SCHEMA_TYPE = {"rows": "Tensor", "stat": "Tensor", "param": "Tensor?", "scalar": "float"}
+_SCHEMA_TYPE = {"rows": "Tensor", "stat": "Tensor", "param": "Tensor?", "scalar": "float", "group": "int"}
 
 
 def _schema(args: tuple[Arg, ...], outputs: tuple[Arg, ...]) -> str:
@@ -97,6 +102,7 @@ class _Signature:
 def _metadata(sig: _Signature):
     ref_i, w_i, grad_of = sig.ref, sig.weight, sig.grad_of_param
     kinds = tuple(o.kind for o in sig.outputs)
+    group_i = next((i for i, a in enumerate(sig.args) if a.kind == "group"), None)
 
     def meta(values) -> list[tuple[tuple, torch.dtype]]:
         """(shape, dtype) of every output, given the op's arguments (real or fake tensors)."""
@@ -109,6 +115,10 @@ def _metadata(sig: _Signature):
                 out.append((tuple(ref.shape), ref.dtype))
             elif kind == "stat":
                 out.append((tuple(ref.shape[:-1]), torch.float32))
+            elif kind == "fp8":
+                out.append((tuple(ref.shape), FP8_DTYPE))
+            elif kind == "scale":
+                out.append(((*ref.shape[:-1], ref.shape[-1] // values[group_i]), torch.float32))
             elif p is not None and values[p] is None:
                 out.append(((0,), ref.dtype))  # the placeholder for a gradient of an absent parameter
             else:
@@ -133,6 +143,8 @@ def _validate(impl: Implementation, sig: _Signature, values):
             check_stats(v, m, ref, a.name)
         elif a.kind == "scalar":
             check_eps(v)
+        elif a.kind == "group":
+            check_group(v, n)
 
 
 def _fake(impl: Implementation, sig: _Signature):
@@ -155,38 +167,73 @@ def _real(impl: Implementation, fn_name: str, sig: _Signature, op: bool):
     op promises (a TypeError naming the implementation otherwise). For the custom op (``op``) they
     are also made what an op may return: the placeholder for a gradient of an absent parameter, and
     a copy of a tensor sharing storage with an input or an earlier output. The eager twin keeps None
-    and aliases, which autograd.Function takes, and spares itself the storage look-ups."""
+    and aliases, which autograd.Function takes, and spares itself the storage look-ups; for an op
+    with a backward its statistics stay (M,), which only that backward reads.
+
+    The outputs' shapes and dtypes follow from what the contract function's launch plan is keyed by
+    (``harness.spec.validation.checked``), so they are checked on each plan's first call; a later
+    call of the plan only converts what that call found to convert (dbias in x's dtype beside an
+    fp32 weight), and, for the op, looks for shared storage."""
     meta, ref_i, outputs = _metadata(sig), sig.ref, sig.outputs
     functions = {}  # torch.device -> the validated contract function
+    flat = []  # [whether the statistics stay (M,)]: the twin of an op with a backward, which reads them
 
-    def run(*values):
-        ref = values[ref_i]
-        fn = functions.get(ref.device)
-        if fn is None:
-            fn = functions[ref.device] = getattr(impl.kernels(ref.device.type), fn_name)
-        out = fn(*values)
-        seen = {_storage(v) for v in values if isinstance(v, torch.Tensor)} if op else None
-        fixed = []
-        for o, t, (shape, dtype) in zip(outputs, out, meta(values)):
+    def verify(values, out):
+        convert = {}  # output position -> the dtype every call converts it to
+        for i, (o, t, (shape, dtype)) in enumerate(zip(outputs, out, meta(values))):
             if t is None and shape == (0,):
-                fixed.append(ref.new_empty(shape, dtype=dtype) if op else None)
                 continue
+            if o.kind == "stat" and flat[0]:  # (checked(flat_stats))
+                shape = (values[ref_i].numel() // values[ref_i].shape[-1],)
             if o.kind == "param" and isinstance(t, torch.Tensor) and t.dtype != dtype:
-                t = t.to(dtype)  # dbias in x's dtype beside an fp32 weight: the weight's dtype here
+                convert[i] = dtype  # dbias in x's dtype beside an fp32 weight: the weight's dtype here
+                t = t.to(dtype)
             if not isinstance(t, torch.Tensor) or tuple(t.shape) != shape or t.dtype != dtype:
                 got = f"{tuple(t.shape)} {t.dtype}" if isinstance(t, torch.Tensor) else type(t).__name__
                 raise TypeError(
                     f"implementation '{impl.name}': {fn_name} returned {o.name} as {got}, expected {shape} {dtype}"
                 )
-            if op:
-                ptr = _storage(t)
-                if ptr is not None and ptr in seen:
-                    t = t.clone()
-                seen.add(ptr)
-            fixed.append(t)
-        return tuple(fixed)
+        if op:
+            placeholders = {
+                i: dtype for i, (t, (shape, dtype)) in enumerate(zip(out, meta(values))) if t is None and shape == (0,)
+            }
+            return lambda values, out: _as_op_outputs(values, out, convert, placeholders, ref_i)
+        if not convert:
+            return None
+        return lambda values, out: tuple(t.to(convert[i]) if i in convert else t for i, t in enumerate(out))
+
+    def run(*values):
+        ref = values[ref_i]
+        fn = functions.get(ref.device)
+        if fn is None:
+            contract = getattr(impl.kernels(ref.device.type), fn_name)
+            if not flat:
+                flat.append(not op and bool(contract.op.bwd_args))
+            fn = functions[ref.device] = checked(
+                impl, contract.op, contract.direction, contract.raw, after=verify, flat_stats=flat[0]
+            )
+        return fn(*values)
 
     return run
+
+
+def _as_op_outputs(values, out, convert: dict, placeholders: dict, ref_i: int) -> tuple:
+    """What a custom op may return (see ``_real``): placeholders for None, the conversions, and a copy
+    of a tensor sharing storage with an input or an earlier output."""
+    seen = {_storage(v) for v in values if isinstance(v, torch.Tensor)}
+    fixed = []
+    for i, t in enumerate(out):
+        if i in placeholders:
+            fixed.append(values[ref_i].new_empty((0,), dtype=placeholders[i]))
+            continue
+        if i in convert:
+            t = t.to(convert[i])
+        ptr = _storage(t)
+        if ptr is not None and ptr in seen:
+            t = t.clone()
+        seen.add(ptr)
+        fixed.append(t)
+    return tuple(fixed)
 
 
 # ---------------------------------------------------------------- autograd formulas
@@ -423,6 +470,7 @@ def _eager(op: Op, op_name: str, fwd_run, bwd_run):
     Function whose derivative raises the double-backward error and which has a vmap rule (a custom
     op's registered autograd does not run under torch.func)."""
     in_transform = torch._C._functorch.peek_interpreter_stack
+    transforms_active = torch._C._are_functorch_transforms_active
     no_second, _ = _no_double_backward(op_name)
 
     class EagerBackward(torch.autograd.Function):
@@ -434,9 +482,11 @@ def _eager(op: Op, op_name: str, fwd_run, bwd_run):
         def setup_context(ctx, inputs, output):
             pass
 
+    backward_apply = _apply(EagerBackward)
+
     def bwd(*values):
         if torch.is_grad_enabled() or in_transform() is not None:
-            return EagerBackward.apply(*values)
+            return backward_apply(*values)
         return bwd_run(*values)
 
     differentiate, setup = _autograd(op, bwd)
@@ -452,7 +502,41 @@ def _eager(op: Op, op_name: str, fwd_run, bwd_run):
 
     Eager.__name__ = Eager.__qualname__ = f"{op.name}_eager"
     EagerBackward.__name__ = EagerBackward.__qualname__ = f"{op.name}_eager_backward"
-    return Eager.apply
+    apply = _apply(Eager)
+    tensors = tuple(i for i, a in enumerate(op.fwd_args) if a.kind in ("rows", "param"))
+
+    def forward(*values):
+        # nothing to differentiate (torch.no_grad(), inference, or no input that requires grad): the
+        # kernels alone, as Function.apply would run them, without its bookkeeping
+        if torch.is_grad_enabled():
+            for i in tensors:
+                v = values[i]
+                if isinstance(v, torch.Tensor) and v.requires_grad:
+                    return apply(*values)
+        if transforms_active():  # torch.func's: the Function, whatever requires grad
+            return apply(*values)
+        return fwd_run(*values)
+
+    return forward
+
+
+def _apply(fn: type) -> Callable:
+    """``fn.apply`` (an autograd.Function with ``setup_context``) without its per-call
+    ``inspect.signature`` binding of the forward's arguments (torch 2.13), which cost more host time
+    than the rest of the Function's Python: our forwards take ``*values``, so that binding changes
+    nothing. Under a torch.func transform the full ``fn.apply``, which routes the call through the
+    transform."""
+    base = super(torch.autograd.Function, fn).apply  # torch._C._FunctionBase.apply, bound to fn
+    full = fn.apply
+    transforms_active = torch._C._are_functorch_transforms_active
+    from torch._functorch.utils import unwrap_dead_wrappers
+
+    def apply(*values):
+        if transforms_active():
+            return full(*values)
+        return base(*unwrap_dead_wrappers(values))
+
+    return apply
 
 
 def ops_for(impl: Implementation) -> NormOps:
@@ -464,6 +548,15 @@ def ops_for(impl: Implementation) -> NormOps:
     found, eager = {}, {}
     for name in impl.ops:
         op = OPS[name]
+        if not op.offers("bwd"):
+            # forward only (the FP8 ops: no gradient through a quantization), one op per contract
+            # function, which the records of its groupings share
+            fn = op.function("fwd")
+            if fn not in found:
+                _, fwd_run = _define(impl, f"{prefix}_{fn}", fn, op.fwd_args, op.fwd_outputs)
+                found[fn] = getattr(getattr(torch.ops, NAMESPACE), f"{prefix}_{fn}").default
+                eager[fn] = fwd_run
+            continue
         fwd, fwd_run = _define(impl, f"{prefix}_{name}_fwd", f"{name}_fwd", op.fwd_args, op.fwd_outputs)
         bwd, bwd_run = _define(impl, f"{prefix}_{name}_bwd", f"{name}_bwd", op.bwd_args, op.bwd_outputs)
         bwd_overload = getattr(getattr(torch.ops, NAMESPACE), f"{prefix}_{name}_bwd").default

@@ -207,12 +207,52 @@ def summary(report_dirs: list[Path], where: Path = README, leaderboard_path: Pat
             cells = [f"{best[(o, dr)][x].score * 100:.0f}%" if x in best[(o, dr)] else "–" for x in cols]
             out.append(f"| {o} {dr} | " + " | ".join(cells) + " |")
         out.append("")
+        per_regime = regimes(rows)
+        if per_regime:
+            out += [f"Per regime on the {meta.get('gpu', d.name)}: geomean over the three ops of each DSL's best "
+                    "implementation measured on every point of the set (bf16); below target: the hand-written kernel's "
+                    "bf16 points of these sets under [its target](docs/method.md#targets), failures included.", ""]  # fmt: skip
+            out += per_regime + [""]
         inv = invariance_rows(d)
         if inv:
             out += [f"Batch invariance and determinism on the {meta.get('gpu', d.name)} (every op of an implementation; "
                     f"per op and the first mismatch in [{leaderboard_path.name}]({_rel(leaderboard_path, where.parent)})):", ""]  # fmt: skip
             out += invariance_summary(inv) + [""]
     return "\n".join(out)
+
+
+def regimes(rows: list[dict]) -> list[str]:
+    """Per DSL (its best implementation per op, LLM samples left out) and external baseline: the
+    geomean over the ops of the fraction reached on each regime's bf16 points, forward and backward,
+    and the hand-written kernels' points below their targets (``harness.results.targets``)."""
+    from harness.results.rank import geomean
+    from harness.results.targets import REGIMES, below
+
+    present = {(s, d) for o, d, s, t in rank.sections(rows) if s in REGIMES and t == "bf16" and d in ("fwd", "bwd")}
+    cols = [(s, d) for s in REGIMES for d in ("fwd", "bwd") if (s, d) in present]
+    if not cols:
+        return []
+    cells: dict = {}
+    for s, d in cols:
+        per_op: dict = {}
+        for o in OPS:
+            for r in rank.leaderboard(rows, o, d, s):
+                col = r.impl if r.external else r.dsl
+                if r.score is None or col.startswith("llm-") or r.passed < r.shapes:
+                    continue
+                per_op.setdefault(col, {})
+                per_op[col][o] = max(per_op[col].get(o, 0.0), r.score)
+        for col, scores in per_op.items():
+            if len(scores) == len({o for o, dd, ss, t in rank.sections(rows) if ss == s and dd == d and t == "bf16"}):
+                cells[(col, s, d)] = geomean(scores.values())
+    names = sorted({c for c, _, _ in cells}, key=lambda x: (x in _externals(rows), x))
+    counts = below(rows)
+    out = ["| DSL | " + " | ".join(f"{s} {d}" for s, d in cols) + " | below target |", "|---|" + "---:|" * (len(cols) + 1)]
+    for name in names:
+        row = [f"{cells[(name, s, d)] * 100:.0f}%" if (name, s, d) in cells else "–" for s, d in cols]
+        miss = f"{counts[name][0]} of {counts[name][1]}" if name in counts else "–"
+        out.append(f"| {name} | " + " | ".join(row) + f" | {miss} |")
+    return out
 
 
 def _externals(rows) -> set[str]:

@@ -134,6 +134,6 @@ def by_dsl(rows: list[dict], op: str, direction: str, shape_set: str = "sweep", 
 def sections(rows: list[dict]) -> list[tuple[str, str, str, str]]:
     """The (op, direction, shape_set, dtype) combinations present in ``rows``, in a stable order."""
     order_dir = {"fwd": 0, "bwd": 1, "fwdbwd": 2}
-    order_set = {"sweep": 0, "between": 1, "decode": 2}
+    order_set = {"sweep": 0, "between": 1, "small": 2, "perhead": 3, "decode": 4}
     combos = {section_of(r) for r in rows}
     return sorted(combos, key=lambda c: (order_set.get(c[2], 9), c[2], c[0], order_dir.get(c[1], 9), c[3]))

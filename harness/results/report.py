@@ -15,6 +15,7 @@ from harness.spec.errors import plain_text
 CSV_FIELDS = (
     "impl", "dsl", "external", "op", "direction", "shape_set", "shape", "M", "N", "dtype", "weights", "status", "check",
     "reason", "compile_s", "ms", "ms_p95", "spread", "noisy", "graph", "bytes_main", "bytes_extra", "tbps", "frac_roofline", "config",
+    "gpu_id",
 )  # fmt: skip
 
 
@@ -140,7 +141,8 @@ def _run_lines(meta: dict) -> list[str]:
     out = []
     for i, r in enumerate(meta.get("runs", [])):
         copy = (r.get("copy_bandwidth") or {}).get("tbps")
-        facts = [f"commit `{r['git_commit']}`" if r.get("git_commit") else None, f"copy {copy:.2f} TB/s" if copy else None, r.get("started")]
+        gpu = f"GPU {r['gpu_id']}" + (f", shard {r['shard']}" if r.get("shard") else "") if r.get("gpu_id") else None
+        facts = [f"commit `{r['git_commit']}`" if r.get("git_commit") else None, f"copy {copy:.2f} TB/s" if copy else None, gpu, r.get("started")]
         out.append(f"{i}. `{r.get('command') or '?'}` ({', '.join(f for f in facts if f)})")
     return out
 
@@ -209,10 +211,11 @@ def write_csv(rows: list[dict], path: Path):
             w.writerow(r)
 
 
-# Shape sets drawn as bandwidth against N: the sweep as lines, and the points between its N (the
-# same bytes per point) as hollow markers on the same axes, so a kernel tuned to the sweep's eleven N
-# shows where it falls off between them.
-PLOTTED = ("sweep", "between")
+# Shape sets drawn as bandwidth against N: the sweep as lines, and the points between its N and
+# the small rows below it (the same bytes per point) as hollow markers on the same axes, so a kernel
+# tuned to the sweep's eleven N shows where it falls off between and below them.
+PLOTTED = ("sweep", "between", "small")
+HOLLOW = {"between": "D", "small": "s"}
 
 # Distinct colours (tab10, then the most distinct of matplotlib's other qualitative maps, none
 # near white or black), one per implementation in the order of ``colours``.
@@ -252,7 +255,7 @@ def _text(s) -> str:
 
 def figure(meta: dict, rows: list[dict], op: str, direction: str, dtype: str, colors: dict | None = None):
     """The plot of one op, direction and dtype (a matplotlib Figure, or None when it has no point
-    that was attempted): passed points as lines (sweep) and hollow diamonds (between), failed and
+    that was attempted): passed points as lines (sweep), hollow diamonds (between) and squares (small), failed and
     crashed ones as an x at 0 in their implementation's colour."""
     import matplotlib
 
@@ -275,10 +278,11 @@ def figure(meta: dict, rows: list[dict], op: str, direction: str, dtype: str, co
         if ok:
             ax.plot([p[0] for p in ok], [p[1] for p in ok], marker="o", ls="--" if ext else "-", color=colors[name], label=label)
             label = None  # one legend entry per implementation
-        off = sorted((r["N"], r["tbps"]) for r in pts if r["status"] == "ok" and r["shape_set"] == "between")
-        if off:
-            ax.scatter([p[0] for p in off], [p[1] for p in off], marker="D", facecolors="none", edgecolors=[colors[name]], label=label)
-            label = None
+        for shape_set, marker in HOLLOW.items():
+            off = sorted((r["N"], r["tbps"]) for r in pts if r["status"] == "ok" and r["shape_set"] == shape_set)
+            if off:
+                ax.scatter([p[0] for p in off], [p[1] for p in off], marker=marker, facecolors="none", edgecolors=[colors[name]], label=label)
+                label = None
         bad = sorted(r["N"] for r in pts if r["status"] in ("failed", "error"))
         if bad:
             # at the floor, unclipped: a point that failed would otherwise leave no mark at all
@@ -289,8 +293,9 @@ def figure(meta: dict, rows: list[dict], op: str, direction: str, dtype: str, co
         ax.axhline(roof, color="k", lw=1.5, label=f"copy bandwidth {roof:.2f} TB/s")
         ax.axhline(0.9 * roof, color="k", lw=0.8, ls=":", label="90% of copy")
     ax.set_xscale("log", base=2)
-    between = any(r["shape_set"] == "between" for r in mine)
-    ax.set_xlabel("N (hidden size); M x N = 2^27" + ("; hollow diamonds: N between the sweep's" if between else ""))
+    hollow = [what for shape_set, what in (("between", "diamonds: N between the sweep's"), ("small", "squares: small rows"))
+              if any(r["shape_set"] == shape_set for r in mine)]  # fmt: skip
+    ax.set_xlabel("N (hidden size); M x N = 2^27" + "".join(f"; hollow {w}" for w in hollow))
     ax.set_ylabel("TB/s (main bytes / time)")
     ax.set_title(_text(f"{op} {direction}, {dtype} — {meta.get('gpu') or ''}"))
     ax.set_ylim(bottom=0)

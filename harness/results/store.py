@@ -63,9 +63,11 @@ ROW_OPTIONAL = {"weights": (NAME, False), "run": (COUNT, False), "external": (BO
                 "graph": (BOOL, True), "check": (STR, True), "reason": (STR, True), "config": (STR, True),
                 "ms": (POSITIVE, True), "tbps": (POSITIVE, True), "frac_roofline": (POSITIVE, True),
                 "ms_p95": (POSITIVE, True), "compile_s": (NONNEG, True), "spread": (NONNEG, True),
-                "bytes_main": (COUNT, True), "bytes_extra": (COUNT, True), "trial_ms": (NUMBERS, True)}  # fmt: skip
+                "bytes_main": (COUNT, True), "bytes_extra": (COUNT, True), "trial_ms": (NUMBERS, True),
+                "gpu_id": (STR, True)}  # fmt: skip
 META_OPTIONAL = {"gpu": STR, "git_commit": STR, "versions": OBJECT, "copy_bandwidth_tbps": POSITIVE}
-RUN_OPTIONAL = {"command": STR, "started": STR, "git_commit": STR, "measured_tree": STR, "merged_from": STR, "copy_bandwidth": OBJECT}
+RUN_OPTIONAL = {"command": STR, "started": STR, "git_commit": STR, "measured_tree": STR, "merged_from": STR, "copy_bandwidth": OBJECT,
+                "gpu_id": STR, "host": STR, "shard": STR}  # fmt: skip
 PROFILE_POINT = {"impl": STR, "op": STR, "direction": STR, "shape": STR}
 # read by the counters table unless the point records an error
 PROFILE_COUNTERS = ("kernels", "dram_over_model", "dram_tbps", "l2_hit_pct", "warps_active_pct", "max_registers_per_thread")
@@ -360,11 +362,12 @@ def _check_written(path: Path, tmp: Path) -> None:
 
 def _run_id(r: dict, commit: str | None) -> tuple | None:
     """What tells a run apart wherever its folder was copied or merged: when it started, its
-    command, the copy bandwidth it measured and the code it measured (``commit``: what it recorded,
-    before any --commit of a merge); runs that recorded no start time cannot be told apart."""
+    command, the copy bandwidth it measured, the code it measured (``commit``: what it recorded,
+    before any --commit of a merge) and, for the shards of a fan-out (which start together with one
+    command), its shard and GPU; runs that recorded no start time cannot be told apart."""
     if not r.get("started"):
         return None
-    return (r["started"], r.get("command"), (r.get("copy_bandwidth") or {}).get("tbps"), commit)
+    return (r["started"], r.get("command"), (r.get("copy_bandwidth") or {}).get("tbps"), commit, r.get("shard"), r.get("gpu_id"))
 
 
 def _recorded_commit(r: dict, fallback: str | None = None) -> str | None:
@@ -377,7 +380,7 @@ def _benchmark_folder(d: Path) -> None:
         raise ValueError(f"{d} is not a benchmark folder (no results.jsonl and meta.json)")
 
 
-def merge_results(dest: Path, sources: list[Path], commit: str | None = None) -> list[dict]:
+def merge_results(dest: Path, sources: list[Path], commit: str | None = None, names: list[str] | None = None) -> list[dict]:
     """Fold benchmark folders measured elsewhere (another run, a re-run of one implementation)
     into ``dest``: their runs are appended to ``dest``'s, and each of their points replaces the point
     with the same key (implementation, op, direction, shape, dtype, weights) in ``dest``, except that
@@ -389,53 +392,65 @@ def merge_results(dest: Path, sources: list[Path], commit: str | None = None) ->
 
     Every source is read and checked in full before ``dest`` is written; a source whose runs
     ``dest`` already records (merged before) is refused; ``dest`` is written atomically and under
-    its lock (``folder_lock``), so a concurrent `bench` or `merge` of it is refused."""
+    its lock (``folder_lock``), so a concurrent `bench` or `merge` of it is refused. ``names``: what
+    each source's runs record as ``merged_from`` (default: the source's path)."""
+    dest = Path(dest)
+    _benchmark_folder(dest)
+    with folder_lock(dest, "merge"):
+        return merge_locked(dest, sources, commit, names)
+
+
+def merge_locked(dest: Path, sources: list[Path], commit: str | None = None, names: list[str] | None = None,
+                 update: dict | None = None) -> list[dict]:  # fmt: skip
+    """``merge_results`` for a caller that holds ``dest``'s ``folder_lock`` already (a fan-out
+    merging its shards into the folder it holds for the whole run); ``update``: fields of
+    ``dest``'s meta.json to set in the same write (a fan-out's environment and copy bandwidth)."""
     dest = Path(dest)
     meta_path, results_path = dest / "meta.json", dest / "results.jsonl"
     _benchmark_folder(dest)
-    with folder_lock(dest, "merge"):
-        meta, rows = read_meta(meta_path), load_results(results_path)
-        runs = list(meta.get("runs", []))
-        seen = {_run_id(r, _recorded_commit(r)): ("", i) for i, r in enumerate(runs) if r.get("started")}
-        if (dest / PROFILE_FILE).exists():  # the report written after the merge reads it
-            read_profile(dest / PROFILE_FILE)
-        for src in map(Path, sources):
-            if src.resolve() == dest.resolve():
-                raise ValueError(f"{src} is the folder being merged into")
-            _benchmark_folder(src)
-            _refuse_if_busy(src)
-            smeta, srows = read_meta(src / "meta.json"), load_results(src / "results.jsonl")
-            if smeta.get("gpu") != meta.get("gpu"):
-                raise ValueError(f"{src} was measured on {smeta.get('gpu')!r}, {dest} on {meta.get('gpu')!r}: results of different GPUs are never merged")
-            offset = len(runs)
-            sruns = smeta.get("runs", [])
-            for i, r in enumerate(sruns):
-                # the folder-level commit is its newest run's: an older run that recorded none stays unknown
-                recorded = r.get("git_commit") or (smeta.get("git_commit") if i == len(sruns) - 1 else None)
-                rid = _run_id(r, _recorded_commit(r, recorded))
-                if rid in seen:
-                    where, j = seen[rid]
-                    raise ValueError(f"{src}: its run {i} (started {r['started']}) is already recorded in {dest} "
-                                     f"(run {j}{', from ' + where if where else ''}): it was merged before")  # fmt: skip
-                if rid:
-                    seen[rid] = (str(src), offset + i)
-                if commit and (not recorded or recorded.endswith("-dirty")):
-                    r = {**r, "git_commit": commit, "measured_tree": recorded}
-                runs.append({**r, "git_commit": r.get("git_commit") or recorded, "merged_from": str(src)})
-            measured = {point_key(r) for r in rows if r["status"] != "skip"}
-            taken = []
-            for r in srows:
-                r = dict(r)
-                # points written before runs were numbered name none: only a one-run folder says whose they are
-                if "run" in r:
-                    r["run"] = offset + r["run"]
-                elif len(sruns) == 1:
-                    r["run"] = offset
-                if r["status"] == "skip" and point_key(r) in measured:
-                    continue
-                taken.append(r)
-            new = {point_key(r) for r in taken}
-            rows = [r for r in rows if point_key(r) not in new] + taken
-        meta["runs"] = runs
-        write_atomically({results_path: results_text(rows), meta_path: meta_text(meta)}, check=_check_written)
+    meta, rows = read_meta(meta_path), load_results(results_path)
+    runs = list(meta.get("runs", []))
+    seen = {_run_id(r, _recorded_commit(r)): ("", i) for i, r in enumerate(runs) if r.get("started")}
+    if (dest / PROFILE_FILE).exists():  # the report written after the merge reads it
+        read_profile(dest / PROFILE_FILE)
+    for n, src in enumerate(map(Path, sources)):
+        if src.resolve() == dest.resolve():
+            raise ValueError(f"{src} is the folder being merged into")
+        _benchmark_folder(src)
+        _refuse_if_busy(src)
+        smeta, srows = read_meta(src / "meta.json"), load_results(src / "results.jsonl")
+        if smeta.get("gpu") != meta.get("gpu"):
+            raise ValueError(f"{src} was measured on {smeta.get('gpu')!r}, {dest} on {meta.get('gpu')!r}: results of different GPUs are never merged")
+        offset = len(runs)
+        sruns = smeta.get("runs", [])
+        for i, r in enumerate(sruns):
+            # the folder-level commit is its newest run's: an older run that recorded none stays unknown
+            recorded = r.get("git_commit") or (smeta.get("git_commit") if i == len(sruns) - 1 else None)
+            rid = _run_id(r, _recorded_commit(r, recorded))
+            if rid in seen:
+                where, j = seen[rid]
+                raise ValueError(f"{src}: its run {i} (started {r['started']}) is already recorded in {dest} "
+                                 f"(run {j}{', from ' + where if where else ''}): it was merged before")  # fmt: skip
+            if rid:
+                seen[rid] = (str(src), offset + i)
+            if commit and (not recorded or recorded.endswith("-dirty")):
+                r = {**r, "git_commit": commit, "measured_tree": recorded}
+            runs.append({**r, "git_commit": r.get("git_commit") or recorded, "merged_from": names[n] if names else str(src)})
+        measured = {point_key(r) for r in rows if r["status"] != "skip"}
+        taken = []
+        for r in srows:
+            r = dict(r)
+            # points written before runs were numbered name none: only a one-run folder says whose they are
+            if "run" in r:
+                r["run"] = offset + r["run"]
+            elif len(sruns) == 1:
+                r["run"] = offset
+            if r["status"] == "skip" and point_key(r) in measured:
+                continue
+            taken.append(r)
+        new = {point_key(r) for r in taken}
+        rows = [r for r in rows if point_key(r) not in new] + taken
+    meta.update(update or {})
+    meta["runs"] = runs
+    write_atomically({results_path: results_text(rows), meta_path: meta_text(meta)}, check=_check_written)
     return rows

@@ -38,6 +38,7 @@ from harness.results.store import (
 )
 from harness.run.checker import run_check
 from harness.run.environment import environment, slug
+from harness.run.environment import gpu_id as environment_gpu_id
 from harness.run.timer import GRAPH_CALLS, GRAPH_SHAPE_SETS, NOISY_SPREAD, TRIALS, CudaTimer, summarize
 from harness.spec.contract import DTYPES, Implementation
 from harness.spec.errors import describe_error
@@ -75,6 +76,7 @@ class Point:
     tbps: float | None = None
     frac_roofline: float | None = None
     config: str = ""  # where the launch config came from, for implementations that pin them per GPU
+    gpu_id: str | None = None  # which GPU of the host measured it (harness.run.environment.gpu_id)
 
     @property
     def key(self) -> tuple:
@@ -89,12 +91,16 @@ def planned_key(t: tuple) -> tuple:
 
 def plan(impls, ops, directions, shape_sets, dtypes, weights=("same",)) -> list[tuple]:
     """(impl, op, direction, set name, shape, dtype, weights) per point; fp32 parameters beside fp32
-    x are the "same" variant, not a point of their own."""
+    x are the "same" variant, not a point of their own; a direction an op does not have (the FP8
+    ops' bwd) and a shape it does not take (N not a multiple of its group) are no points."""
     todo = []
     for set_name, shapes in shape_sets:
         for shape in shapes:
             for op in ops:
-                for direction in directions:
+                rec = get_op(op)
+                if rec.unsupported(shape.n):
+                    continue
+                for direction in (d for d in directions if rec.offers(d)):
                     for dtype in dtypes:
                         for w in weights:
                             if w == "fp32" and dtype == "fp32":
@@ -109,10 +115,11 @@ def callables(k, op: str, direction: str, case: dict):
     op record wires the backward: its arguments are the case's tensors and one forward run's
     outputs (statistics, residual_out), computed up front for ``bwd``."""
     rec = get_op(op)
-    fwd, bwd = getattr(k, rec.function("fwd")), getattr(k, rec.function("bwd"))
+    fwd = getattr(k, rec.function("fwd"))
     fwd_args = rec.fwd_call(case)
     if direction == "fwd":
         return lambda: fwd(*fwd_args)
+    bwd = getattr(k, rec.function("bwd"))
     if direction == "bwd":
         bwd_args = rec.bwd_call(case, fwd(*fwd_args))
         return lambda: bwd(*bwd_args)
@@ -200,6 +207,9 @@ def run_bench(
     command: str = "",
     progress: bool = True,
     weights=("same",),
+    only: set | None = None,
+    gpu_id: str | None = None,
+    run_info: dict | None = None,
 ) -> list[dict]:
     """Run the benchmark, appending to ``out_dir/results.jsonl``; returns the folder's meta and all
     its rows (those kept by ``resume`` and those measured now), for the report to take as they are.
@@ -207,12 +217,18 @@ def run_bench(
     The folder is held for the whole run (``folder_lock``): a second `bench` or a `merge` of it is
     refused while this one runs, so meta.json, read under the lock, records every run. ``resume``
     refuses a folder measured on another GPU; without it, the run starts the folder over, removing
-    what the last one derived from its points (report, CSV, plots, counters)."""
+    what the last one derived from its points (report, CSV, plots, counters).
+
+    ``only``: the keys (``planned_key``) of the planned points to run, the others left out (a
+    fan-out's shard, harness.run.fanout); ``gpu_id``: recorded with every point and the run
+    (default: ``environment.gpu_id``); ``run_info``: more fields of the run's record in meta.json
+    (a shard's number and host)."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
+    gpu_id = gpu_id if gpu_id is not None else environment_gpu_id(device)
     with folder_lock(out_dir, "bench"):
         return _run_bench(impls, ops, directions, shape_sets, dtypes, out_dir, resume, device, timer, copy_bandwidth,
-                          command, progress, weights)  # fmt: skip
+                          command, progress, weights, only, gpu_id, run_info or {})  # fmt: skip
 
 
 # What a run, `report` and `profile` write into a benchmark folder from its points; a run that
@@ -228,7 +244,7 @@ def _start_over(out_dir: Path) -> None:
 
 
 def _run_bench(impls, ops, directions, shape_sets, dtypes, out_dir: Path, resume, device, timer, copy_bandwidth, command,
-               progress, weights):  # fmt: skip
+               progress, weights, only, gpu_id, run_info):  # fmt: skip
     results_path = out_dir / "results.jsonl"
     meta_path = out_dir / "meta.json"
     timer = timer or CudaTimer()
@@ -251,14 +267,14 @@ def _run_bench(impls, ops, directions, shape_sets, dtypes, out_dir: Path, resume
     run_index = len(runs)
     # per run, so a folder that several runs (or `normbench merge`) wrote says which code measured which point
     runs.append({"command": command, "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "copy_bandwidth": copy_bandwidth,
-                 "git_commit": env["git_commit"], "torch": env["torch"], "versions": env["versions"]})  # fmt: skip
+                 "git_commit": env["git_commit"], "torch": env["torch"], "versions": env["versions"], "gpu_id": gpu_id, **run_info})  # fmt: skip
     meta.update(env)
     meta["runs"] = runs
     meta["copy_bandwidth_tbps"] = copy_bandwidth["tbps"]
     meta["method"] = {"trials": TRIALS, "noisy_spread": NOISY_SPREAD, "graph_calls": GRAPH_CALLS, "graph_shape_sets": GRAPH_SHAPE_SETS}
     write_atomically({meta_path: meta_text(meta)})
 
-    todo = [t for t in plan(impls, ops, directions, shape_sets, dtypes, weights) if planned_key(t) not in done]
+    todo = [t for t in plan(impls, ops, directions, shape_sets, dtypes, weights) if planned_key(t) not in done and (only is None or planned_key(t) in only)]
     roof = copy_bandwidth["tbps"]
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -272,6 +288,7 @@ def _run_bench(impls, ops, directions, shape_sets, dtypes, out_dir: Path, resume
                 torch.cuda.empty_cache()
                 last_shape = shape
             p = measure_point(impl, op, direction, set_name, shape, dtype, device, timer, weights=weights_variant)
+            p.gpu_id = gpu_id
             if p.tbps is not None and roof:
                 p.frac_roofline = p.tbps / roof
             row = {**asdict(p), "run": run_index}

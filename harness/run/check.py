@@ -31,7 +31,9 @@ ULP_NOTE = (
     "(harness/spec/tolerances.py): near-zero elements of a cancelling sum (dx, dweight) are held to the floor, "
     "not to 2 ulps, so a passing row can show a large max ulp. Its errors must also average out: the mean "
     "signed error over the tensor within its sampling noise and a small floor (a 0.5% scale is caught "
-    "even where each element is within 2 ulps)."
+    "even where each element is within 2 ulps). FP8 ops: q in e4m3 steps from the exact rounding (1 only where y / scale "
+    "sits at a rounding boundary), scale in ulps of fp32 (large for an implementation that declares it rounds y to "
+    "x's dtype first: eager)."
 )
 WORD = {"pass": "passed", "fail": "failed", "error": "errors", "skip": "skipped"}
 # the shape set name of the overflow points the edge set brings along
@@ -152,19 +154,43 @@ def _progress(groups: list, quiet: bool):
 def _points(impl, op, directions, dtypes, shape_sets, overflow: bool) -> list:
     """(impl, op, direction, dtype, set name, shape, overflow) of one group: the selected points, and
     the overflow case where the edge set is selected (see the module docstring)."""
+    directions = [d for d in directions if get_op(op).offers(d)]  # the FP8 ops have no bwd
     pts = [(impl, op, d, dt, sname, s, overflow) for d in directions for dt in dtypes for sname, shapes in shape_sets for s in shapes]
     if not overflow and get_op(op).overflow and any(sname == "edge" for sname, _ in shape_sets):
         pts += [(impl, op, d, dt, OVERFLOW_SET, s, True) for d in directions for dt in dtypes if dt in OVERFLOW_DTYPES for s in OVERFLOW_SHAPES]
     return pts
 
 
+def point_key(pt) -> tuple:
+    """What names a point of ``plan`` (JSON-able: a fan-out's shard lists these)."""
+    impl, op, d, dt, sname, s, over = pt
+    return (impl.name, op, d, dt, sname, s.label, over)
+
+
+def invariance_key(impl, op: str) -> tuple:
+    """What names an implementation's and op's invariance probes (a unit of a fan-out's shard)."""
+    return ("invariance", impl.name, op)
+
+
+def plan(impls, ops, directions, dtypes, shape_sets, overflow: bool = False) -> list[tuple]:
+    """Every point ``run`` checks, in its order: (impl, op, direction, dtype, set name, shape, overflow)."""
+    return [pt for impl in impls for op in ops if op in impl.ops for pt in _points(impl, op, directions, dtypes, shape_sets, overflow)]
+
+
 def run(impls, ops, directions, dtypes, shape_sets, device: str, seed: int = 0, weights: str = "same",
-        overflow: bool = False, quiet: bool = False, invariance: dict | None = None) -> Outcome:  # fmt: skip
+        overflow: bool = False, quiet: bool = False, invariance: dict | None = None, only: set | None = None,
+        gpu_id: str | None = None, on_result=None) -> Outcome:  # fmt: skip
     """Check every point of the selection; ``shape_sets`` is [(set name, shapes)]. ``invariance``:
     also run ``harness.run.invariance`` on every implementation and op, with these keyword arguments
     (dtypes, ns, batches; {} for its defaults). Ctrl-C ends the run with what was checked, marked
-    ``interrupted``."""
+    ``interrupted``.
+
+    ``only``: the keys (``point_key``, ``invariance_key``) of the points and probes to run, the
+    others left out (a fan-out's shard); ``gpu_id`` is recorded with every result;
+    ``on_result(shape_set, result)`` is called as each point is checked (a shard streams them)."""
     groups = [(impl.name, op, _points(impl, op, directions, dtypes, shape_sets, overflow)) for impl in impls for op in ops if op in impl.ops]
+    if only is not None:
+        groups = [(name, op, kept) for name, op, pts in groups if (kept := [pt for pt in pts if point_key(pt) in only])]
     out = Outcome(device)
     progress = _progress(groups, quiet)
     try:
@@ -173,14 +199,17 @@ def run(impls, ops, directions, dtypes, shape_sets, device: str, seed: int = 0, 
                 stats["skipped"] = stats.get("skipped", 0) + 1
                 continue
             r = run_check(impl, op, d, s, dt, device, seed=seed, weights=weights, overflow=over)
+            r.gpu_id = gpu_id
             stats[WORD[r.status]] = stats.get(WORD[r.status], 0) + 1
             if r.status == "skip" and impl.unavailable(device):
                 out.skipped[impl.name] = r.error
                 continue
             out.results.append((sname, r))
+            if on_result:
+                on_result(sname, r)
         if invariance is not None:
             out.invariance = []
-            _invariance(out, impls, ops, device, seed, quiet, invariance)
+            _invariance(out, impls, ops, device, seed, quiet, invariance, only)
     except KeyboardInterrupt:
         out.interrupted = True
     finally:
@@ -188,10 +217,11 @@ def run(impls, ops, directions, dtypes, shape_sets, device: str, seed: int = 0, 
     return out
 
 
-def _invariance(out: Outcome, impls, ops, device: str, seed: int, quiet: bool, kwargs: dict) -> None:
+def _invariance(out: Outcome, impls, ops, device: str, seed: int, quiet: bool, kwargs: dict, only: set | None = None) -> None:
     from harness.run.invariance import check_invariance
 
-    groups = [(impl.name, op, [(impl, op)]) for impl in impls for op in ops if op in impl.ops and impl.name not in out.skipped]
+    groups = [(impl.name, op, [(impl, op)]) for impl in impls for op in ops if op in impl.ops and impl.name not in out.skipped
+              and (only is None or invariance_key(impl, op) in only)]  # fmt: skip
     progress = _progress([(f"{name} invariance", op, pts) for name, op, pts in groups], quiet)
     try:
         for (impl, op), stats in progress:
@@ -273,12 +303,13 @@ def print_summary(outcome: Outcome, con) -> None:
         con.print("[yellow]interrupted[/]: the points above are those checked before Ctrl-C")
 
 
-def write_json(outcome: Outcome, path: Path, command: str) -> None:
+def write_json(outcome: Outcome, path: Path, command: str, env: dict | None = None) -> None:
+    """The run's JSON record; ``env``: where it ran (default: this process's environment)."""
     from harness.run.environment import environment
 
     payload = {
         "command": command,
-        "environment": environment(outcome.device),
+        "environment": env if env is not None else environment(outcome.device),
         "interrupted": outcome.interrupted,
         "skipped": outcome.skipped,
         "results": [dict(r.to_json(), shape_set=s) for s, r in outcome.results],

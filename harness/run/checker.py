@@ -12,6 +12,11 @@ scale bias; and plain: an offset) within its sampling noise and a small floor
 (``harness.spec.tolerances``: ``BIAS_Z``, ``Tol.bias``). A kernel whose every element is within 2 ulps
 can still be off by 0.5% throughout; only the mean shows it.
 
+The FP8 ops (q, scale) have a rule of their own (``_check_quantized``; harness.spec.tolerances): scale
+and q against the exact quantization of the fp64 y at the implementation's own statistics, q * scale
+within half an e4m3 step, and an allowance for y rounded to x's dtype first only where the record
+declares it (``rounds_before_quantizing``).
+
 Unwritten outputs: kernels allocate their own outputs, so the checker poisons the allocator instead
 of the buffers: under ``torch.use_deterministic_algorithms`` PyTorch fills every ``torch.empty`` with
 NaN, and an element a kernel forgot to write stays NaN and fails the finite check.
@@ -30,11 +35,23 @@ import torch
 
 from harness.spec.contract import DTYPE_NAMES, DTYPES, Implementation
 from harness.spec.errors import describe_error
+from harness.spec.fp8 import FP8_DTYPE, e4m3_round, e4m3_step, quantize
 from harness.spec.inputs import OVERFLOW, make_case
 from harness.spec.interpreters import INTERPRETERS
 from harness.spec.ops import check_weights, get_op
 from harness.spec.shapes import Shape
-from harness.spec.tolerances import BIAS_MIN_ELEMENTS, BIAS_Z, TOLERANCES, TOWARD_ZERO_ULPS, allowed_error, ulp
+from harness.spec.tolerances import (
+    BIAS_MIN_ELEMENTS,
+    BIAS_Z,
+    Q_BAND_REL,
+    SCALE_REL,
+    SCALE_ULPS,
+    TOLERANCES,
+    TOWARD_ZERO_ULPS,
+    allowed_error,
+    rounding_allowance,
+    ulp,
+)
 
 
 @dataclass
@@ -50,6 +67,9 @@ class TensorReport:
     bias: float = float("nan")
     offset: float = float("nan")
     bias_bound: float = float("nan")
+    # q of the FP8 ops: elements one e4m3 step from the exact rounding, passed because y / scale lies
+    # within the reference's rounding tolerance of a rounding boundary (None: not a quantized tensor)
+    boundary: int | None = None
 
 
 @dataclass
@@ -67,6 +87,7 @@ class CheckResult:
     traceback: str = ""
     weights: str = "same"  # harness.spec.ops.WEIGHTS
     overflow: bool = False
+    gpu_id: str | None = None  # which GPU of the host checked it (harness.run.environment.gpu_id)
 
     @property
     def passed(self) -> bool:
@@ -81,6 +102,10 @@ class CheckResult:
 
     def to_json(self) -> dict:
         return asdict(self)
+
+    @classmethod
+    def from_json(cls, d: dict) -> "CheckResult":
+        return cls(**{**d, "tensors": [TensorReport(**t) for t in d.get("tensors", [])]})
 
 
 @contextlib.contextmanager
@@ -252,6 +277,10 @@ def run_check(
         why = f"does not implement {op}"
     if why is None and dtype not in impl.dtypes:
         why = f"does not support {dtype}"
+    if why is None and not rec.offers(direction):
+        why = f"{op} has no {direction} (it has {', '.join(rec.directions)})"
+    if why is None:
+        why = rec.unsupported(shape.n)
     if why is None and overflow and not rec.overflow:
         why = f"{op} is not checked on overflowing inputs (harness.spec.ops)"
     if why is None and overflow and dtype not in OVERFLOW_DTYPES:
@@ -263,7 +292,8 @@ def run_check(
     try:
         k = kernels or impl.kernels(device)
         case = make_case(op, shape, DTYPES[dtype], device, seed, affine, weights, overflow)
-        res.tensors = _check_tensors(k, rec, direction, case, overflow, truncating_interpreter(device, DTYPES[dtype], impl))
+        res.tensors = _check_tensors(k, rec, direction, case, overflow, truncating_interpreter(device, DTYPES[dtype], impl),
+                                     rounded=impl.rounds_before_quantizing)  # fmt: skip
         _sync(device)
         res.status = "pass" if all(t.passed for t in res.tensors) else "fail"
     except Exception as e:  # a crashing kernel is a result, not the end of the run
@@ -284,6 +314,10 @@ def _expected(arg, case) -> tuple:
         return x.dtype, x.shape
     if arg.kind == "stat":
         return torch.float32, x.shape[:-1]
+    if arg.kind == "fp8":
+        return FP8_DTYPE, x.shape
+    if arg.kind == "scale":
+        return torch.float32, (*x.shape[:-1], x.shape[-1] // case["group"])
     return (w.dtype if w is not None else x.dtype), (x.shape[-1],)
 
 
@@ -318,10 +352,13 @@ def _bwd_scales(rec, case, ref_args: dict) -> dict:
     }
 
 
-def _check_tensors(k, rec, direction, case, overflow=False, toward_zero=None) -> list[TensorReport]:
+def _check_tensors(k, rec, direction, case, overflow=False, toward_zero=None, rounded=False) -> list[TensorReport]:
     """Check the outputs of ``k``'s functions for ``rec`` (an op record or its name) on ``case``;
-    ``toward_zero``: see ``bias_check``."""
+    ``toward_zero``: see ``bias_check``; ``rounded``: the implementation declares
+    ``rounds_before_quantizing`` (FP8 ops)."""
     rec = get_op(rec) if isinstance(rec, str) else rec
+    if rec.quantized:
+        return _check_quantized(k, rec, case, toward_zero, rounded)
     fwd_args = rec.fwd_call(case)
     ref_fwd = rec.reference_fwd(*fwd_args)
     if direction == "fwd":
@@ -345,6 +382,122 @@ def _check_tensors(k, rec, direction, case, overflow=False, toward_zero=None) ->
         extra = term(r) if (rows and term) else None
         reports.append(compare(a.name, o, r, *_expected(a, case), scales["rows" if rows else a.name], overflow, extra, toward_zero))
     return reports
+
+
+# ---------------------------------------------------------------- FP8 ops
+def _own(out, ref: torch.Tensor) -> torch.Tensor:
+    """The implementation's output ``out`` in fp64 where it is usable as the statistics of its own
+    y (a tensor of the reference's shape, finite), else the reference's."""
+    if isinstance(out, torch.Tensor) and tuple(out.shape) == tuple(ref.shape) and out.device == ref.device:
+        o = out.detach().to(torch.float64)
+        if bool(torch.isfinite(o).all()):
+            return o
+    return ref
+
+
+def _form(name, out, dtype, shape, device) -> TensorReport | None:
+    """A failing report when ``out`` is not a tensor of ``shape`` and ``dtype`` on ``device``."""
+    if not isinstance(out, torch.Tensor):
+        return TensorReport(name, False, reason=f"expected a tensor, got {type(out).__name__}")
+    if tuple(out.shape) != tuple(shape):
+        return TensorReport(name, False, reason=f"shape {tuple(out.shape)}, expected {tuple(shape)}")
+    if out.dtype != dtype:
+        return TensorReport(name, False, reason=f"dtype {out.dtype}, expected {dtype}")
+    if out.device != device:
+        return TensorReport(name, False, reason=f"on {out.device}, expected {device}")
+    return None
+
+
+def _per_element(s: torch.Tensor, group: int) -> torch.Tensor:
+    """(..., G) scales -> (..., G * group), each repeated over its group."""
+    return s.repeat_interleave(group, dim=-1)
+
+
+def _check_quantized(k, rec, case, toward_zero=None, rounded=False) -> list[TensorReport]:
+    """The FP8 ops' rule (harness.spec.tolerances: SCALE_ULPS, SCALE_REL, Q_BAND_REL): the row
+    outputs and statistics as for any op; scale and q against the exact quantization of the fp64 y
+    at the implementation's own statistics; q * scale within half an e4m3 step of that y.
+    ``rounded``: the implementation stores y in x's dtype first (``rounds_before_quantizing``)."""
+    fwd_args = rec.fwd_call(case)
+    names = [a.name for a in rec.fwd_outputs]
+    ref = dict(zip(names, rec.reference_fwd(*fwd_args)))
+    out = dict(zip(names, _call(k, rec.function("fwd"), fwd_args, names)))
+    x, w, group = case["x"], case["weight"], case["group"]
+    reports = {
+        a.name: compare(a.name, out[a.name], ref[a.name], *_expected(a, case), toward_zero=toward_zero)
+        for a in rec.fwd_outputs
+        if a.kind in ("rows", "stat")
+    }
+    if x.numel() == 0:
+        reports.update({a.name: _form(a.name, out[a.name], *_expected(a, case), x.device) or TensorReport(a.name, True, 0.0, 0.0, 0.0)
+                        for a in rec.fwd_outputs if a.kind in ("fp8", "scale")})  # fmt: skip
+        return [reports[n] for n in names]
+    slack = rounding_allowance(x.dtype) if rounded else 0.0
+    # y at the implementation's own statistics, each checked above: its rstd (and residual_out)
+    normed = _own(out["residual_out"], ref["residual_out"]) if "residual_out" in ref else x.detach().to(torch.float64)
+    y = normed * _own(out["rstd"], ref["rstd"]).unsqueeze(-1)
+    if w is not None:
+        y = y * w.detach().to(torch.float64)
+    _, s_own = quantize(y, group)
+
+    s = out["scale"]
+    bad = _form("scale", s, *_expected(rec.fwd_outputs[names.index("scale")], case), x.device)
+    s_use = s_own
+    if bad is None:
+        s64 = s.detach().to(torch.float64)
+        u = ulp(s_own, torch.float32)
+        err = torch.nan_to_num((s64 - s_own).abs(), nan=float("inf"))
+        over = err > SCALE_ULPS * u + (SCALE_REL + slack) * s_own
+        stats = (float(err.max()), float((err / u).max()), float(err.norm() / s_own.norm()))
+        if bool(over.any()):
+            idx = tuple(int(i) for i in torch.nonzero(over)[0])
+            bad = TensorReport("scale", False, *stats, f"{int(over.sum())} of {over.numel()} scales over tolerance (max {stats[1]:.3g} ulp of fp32; "
+                               f"first at {idx}: got {float(s64[idx]):.8g}, expected {float(s_own[idx]):.8g})")  # fmt: skip
+        else:
+            s_use = s64
+    reports["scale"] = bad or TensorReport("scale", True, *stats)
+
+    q = out["q"]
+    bad = _form("q", q, FP8_DTYPE, x.shape, x.device)
+    if bad is None:
+        q64 = q.detach().to(torch.float64)
+        nan = torch.isnan(q64)
+        if bool(nan.any()):
+            bad = TensorReport("q", False, reason=f"{int(nan.sum())} NaN (or unwritten) elements")
+    if bad is not None:
+        reports["q"] = bad
+        return [reports[n] for n in names]
+    v = y / _per_element(s_use, group)
+    band = (Q_BAND_REL + slack) * v.abs()
+    exact, lo, hi = e4m3_round(v), e4m3_round(v - band), e4m3_round(v + band)
+    ok = (q64 == lo) | (q64 == hi)
+    off = q64 != exact
+    steps = (q64 - exact).abs() / e4m3_step(torch.maximum(q64.abs(), exact.abs()))
+    stats = (float((q64 - exact).abs().max()), float(steps.max()), float((q64 - exact).norm() / exact.norm().clamp_min(1e-300)))
+    n_bad = int((~ok).sum())
+    boundary = int((off & ok).sum())
+    if n_bad:
+        idx = tuple(int(i) for i in torch.nonzero(~ok)[0])
+        reports["q"] = TensorReport("q", False, *stats, f"{n_bad} elements off the exact e4m3 rounding (max {stats[1]:.3g} e4m3 steps; "
+                                    f"first at {idx}: got {float(q64[idx]):.6g}, exact {float(exact[idx]):.6g} of y/scale = "
+                                    f"{float(v[idx]):.9g})", boundary=boundary)  # fmt: skip
+    else:
+        reports["q"] = TensorReport("q", True, *stats, boundary=boundary)
+    # the dequantized values, at the step the exact scale gives y
+    deq = q64 * _per_element(s_use, group)
+    s_el = _per_element(s_own, group)
+    err = (deq - y).abs()
+    half = 0.5 * e4m3_step(torch.maximum(y.abs(), deq.abs()) / s_el) * s_el
+    allowed = half * (1 + Q_BAND_REL) + (Q_BAND_REL + slack) * y.abs()
+    over = err > allowed
+    stats = (float(err.max()), float((err / (2 * half)).max()), float(err.norm() / y.norm().clamp_min(1e-300)))
+    if bool(over.any()):
+        idx = tuple(int(i) for i in torch.nonzero(over)[0])
+        deq_report = TensorReport("q*scale", False, *stats, f"{int(over.sum())} dequantized elements beyond half an e4m3 step of y "
+                                  f"(first at {idx}: got {float(deq[idx]):.6g}, y {float(y[idx]):.6g})")  # fmt: skip
+    else:
+        deq_report = TensorReport("q*scale", True, *stats)
+    return [reports[n] for n in names] + [deq_report]
 
 
 def dtype_name(dtype: torch.dtype) -> str:

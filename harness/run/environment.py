@@ -140,5 +140,17 @@ def git_commit() -> str | None:
         return os.environ.get("NORMBENCH_COMMIT")
 
 
+def gpu_id(device: str = "cuda") -> str | None:
+    """Which GPU of its host runs this process's points: what a fan-out's launcher named it
+    (``NORMBENCH_GPU_ID``: the host's index, with the node's name under SLURM), else the first entry
+    of ``CUDA_VISIBLE_DEVICES``, else "0"; None on the CPU."""
+    if os.environ.get("NORMBENCH_GPU_ID"):
+        return os.environ["NORMBENCH_GPU_ID"]
+    if device != "cuda":
+        return None
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")[0].strip()
+    return visible or "0"
+
+
 def slug(text: str) -> str:
     return "".join(c.lower() if c.isalnum() else "-" for c in text).strip("-").replace("--", "-")

@@ -10,10 +10,16 @@ gradient norm agree with the model's own norms, and on a GPU the training step t
 
 Method, and why:
 
-* One model instance serves every variant. Swapping keeps the Parameter objects (``swap_norms``), so
-  switching variant is putting the other norm modules in place, and every run starts from
-  ``load_state_dict`` of the initial weights with a fresh optimizer: no copies of the model, so the
-  1b size fits beside a dozen variants.
+* Every variant is its own deep copy of one initial model (``variant_model``), with its norms
+  swapped in and an AdamW of its own: no ``load_state_dict`` or optimizer rebuilt at a switch of
+  variant, no module swapped in and out of a shared (or compiled) model, nothing of one variant's
+  state (weights, optimizer moments, compiled graphs, allocator blocks sized for it) carried into
+  another's timed steps. The same copy is trained for the agreement run and then timed, so every
+  variant has been through the same K steps when its timing starts. Where the copies of every
+  variant do not fit in device memory together (``--impl '*'`` at 1b on an 80 GB GPU: each copy
+  holds its weights and AdamW's two moments), the implementations are timed in groups, the model's
+  own norms in every group (``--group``; by default as many as fit, from the own copy's measured
+  footprint), and each implementation's speedup is against the own norms of its group.
 * Agreement: the relative difference, against the model's own norms, of the loss and of the global
   gradient norm (fp32 L2 over all gradients, before the optimizer step) at step 1 (one forward and
   backward from identical weights) and at step K (after K-1 optimizer steps, where differences have
@@ -37,29 +43,36 @@ Method, and why:
   is refused: without a loss scaler AdamW's update overflows in fp16 within a step or two.
 * Timing (GPU, or ``--trials`` on the CPU): only variants that agree are timed. Every variant first
   runs ``WARMUP_STEPS`` untimed steps (JIT compilation, autotuning, torch.compile); then
-  ``--trials`` trials, each running every variant for K steps in an order rotated by one per trial
-  (so slow drift of clocks or temperature is not charged to one variant), each preceded by one
-  untimed step after the switch. A trial's time is wall time between device synchronisations over
-  K steps; the variant's step time is the median of its trials, with the trials' spread
-  ((max - min) / min), flagged noisy above 5% as in ``normbench bench``, and flagged "recompiled"
-  where torch.compile built a graph inside a timed step. tokens/s = batch * seq / step time.
-* ``--compile`` wraps the whole model in ``torch.compile``; the norm variants are switched inside
-  it, so dynamo's recompile limit is raised to hold every variant's graphs. The number of graph
-  breaks while compiling each variant is recorded: where a norm is an opaque call, the compiled
-  graph breaks around it, which costs fusion across the norm. The controls run uncompiled, against
-  an uncompiled run of the model's own norms.
+  ``--trials`` trials (6 on a GPU), each running every variant for ``--steps-per-trial`` steps (K
+  unless given) in an order rotated by one per trial (``rotated``: slow drift of clocks or
+  temperature is shared out, not charged to one variant). A trial's time is wall time between
+  device synchronisations, with Python's garbage collector run before the trial and paused inside
+  it (a collection inside a timed step of a model this size is a slow trial of its own); the
+  variant's step time is the median of its trials, with the trials' spread ((max - min) / min,
+  ``spread``), marked noisy above ``NOISY_TRIAL_SPREAD`` (3%), and "recompiled" where torch.compile
+  built a graph inside a timed step. tokens/s = batch * seq / step time.
+* ``--compile`` wraps each variant's copy in ``torch.compile`` (whole model, default mode). With the
+  model's own norms that is Inductor's norms: the modules' ops traced and fused with their
+  neighbours; with an implementation's, the norm is a custom op (``harness.integrate.library``) that
+  Inductor calls as an opaque kernel. The report names which ran (``norms_run_as``). The number of
+  graph breaks while compiling each variant is recorded. The controls run uncompiled, against an
+  uncompiled run of the model's own norms.
 
 Reports: ``<arch>-<size>-<eager|compiled>.json`` per architecture and mode, and ``models.md``
-rebuilt from every JSON in the folder, under ``runs/<gpu>/<date>/models/`` or ``--out`` (the committed ones: ``reports/<gpu>/models/``).
+rebuilt from every training JSON in the folder (``--mode decode``, ``harness.run.decode``, writes
+``*-decode-*.json`` and ``models-decode.md`` beside them), under ``runs/<gpu>/<date>/models/`` or ``--out`` (the committed ones: ``reports/<gpu>/models/``).
 """
 
 from __future__ import annotations
 
 import contextlib
+import copy
+import gc
 import importlib.util
 import json
 import math
 import os
+import re
 import shlex
 import statistics
 import sys
@@ -72,7 +85,7 @@ import torch
 from harness.integrate.swap import _classify, swap_norms
 from harness.run.bench import default_out_dir
 from harness.run.environment import environment
-from harness.run.timer import NOISY_SPREAD
+from harness.run.environment import gpu_id as environment_gpu_id
 from harness.spec.contract import DTYPES, Implementation
 from harness.spec.errors import describe_error
 from harness.spec.tolerances import TOLERANCES, ulp
@@ -92,6 +105,14 @@ FLOOR_ULPS = 1 / 32
 DWEIGHT_FLOOR = 1 / 2
 CONTROL_SEEDS = (1, 2)
 WARMUP_STEPS = 2
+TRIALS_CUDA = 6
+# A variant whose trials spread more than this is marked noisy: above it, two variants a few percent
+# apart cannot be told apart (normbench bench marks at 5%; a model step is long and steadier).
+NOISY_TRIAL_SPREAD = 0.03
+# Device memory left free beside the copies of one timing group (the step's own transient memory is
+# measured on the model's own norms, and this covers what another variant may need beyond it).
+MEMORY_MARGIN = 4 << 30
+TRANSIENT_FACTOR = 1.25
 LR = 1e-3
 MIN_TRANSFORMERS = "4.56"
 INSTALL_HINT = "pip install 'normbench[models]'"
@@ -172,50 +193,41 @@ def transformers_missing() -> str | None:
     return None
 
 
-def build_model(arch: str, size: str, device: str, dtype: torch.dtype, seed: int = 0) -> torch.nn.Module:
-    """``arch`` at ``size`` with seeded random weights, in ``dtype`` on ``device``, in train mode."""
+def build_model(
+    arch: str, size: str, device: str, dtype: torch.dtype, seed: int = 0, positions: int = 0
+) -> torch.nn.Module:
+    """``arch`` at ``size`` with seeded random weights, in ``dtype`` on ``device``, in train mode.
+    ``positions``: the longest sequence it must take (decoding a prompt past the size's own), which
+    raises the position table where the architecture has one (GPT-2's learned positions)."""
     why = transformers_missing()
     if why:
         raise ValueError(why)
     import transformers
 
     spec = ARCHS[arch]
-    config = getattr(transformers, spec.config)(**spec.kwargs(SIZES[size]))
+    kwargs = spec.kwargs(SIZES[size])
+    for key in ("max_position_embeddings", "n_positions"):
+        if key in kwargs:
+            kwargs[key] = max(kwargs[key], positions)
+    config = getattr(transformers, spec.config)(**kwargs)
     torch.manual_seed(seed)
     with torch.device(device):
         model = getattr(transformers, spec.model)(config)
     return model.to(dtype).train()
 
 
-# ---------------------------------------------------------------- switching norms
-class NormVariants:
-    """One model; its own norm modules, and normbench's per implementation, put in place on demand.
-    Every variant holds the same Parameter objects, so weights, optimizer and state_dict are shared."""
+# ---------------------------------------------------------------- one copy per variant
+def own_norms(model: torch.nn.Module) -> dict[str, str]:
+    """The model's norms that ``swap_norms`` replaces: module name -> class name."""
+    return {name: type(mod).__name__ for name, mod in model.named_modules() if name and _classify(mod)[0] is not None}
 
-    def __init__(self, model: torch.nn.Module):
-        self.model = model
-        self.own = {name: mod for name, mod in model.named_modules() if name and _classify(mod)[0] is not None}
-        self.reports: dict[str, object] = {}
-        self._modules: dict[str, dict[str, torch.nn.Module]] = {}
 
-    def _place(self, modules: dict[str, torch.nn.Module]) -> None:
-        for name, mod in modules.items():
-            parent, _, attr = name.rpartition(".")
-            setattr(self.model.get_submodule(parent) if parent else self.model, attr, mod)
-
-    def use_own(self) -> None:
-        self._place(self.own)
-
-    def use(self, impl: Implementation):
-        """Put ``impl``'s norms in place (built once per implementation: the same module objects
-        every time, so a compiled model finds its cached graphs again). Returns the swap report."""
-        self.use_own()
-        if impl.name not in self._modules:
-            report = swap_norms(self.model, impl, warn=False)
-            self._modules[impl.name] = {name: self.model.get_submodule(name) for name in self.own}
-            self.reports[impl.name] = report
-        self._place(self._modules[impl.name])
-        return self.reports[impl.name]
+def variant_model(template: torch.nn.Module, impl: Implementation | None = None):
+    """(a deep copy of ``template``, the swap report): the same initial weights, no tensor shared with
+    the template or any other copy, and ``impl``'s norms swapped in (None: the model's own norms, and
+    no report)."""
+    model = copy.deepcopy(template)
+    return model, (swap_norms(model, impl, warn=False) if impl is not None else None)
 
 
 def missing_ops(model: torch.nn.Module, impl: Implementation) -> list[str]:
@@ -257,14 +269,14 @@ def _sync(device: str) -> None:
 
 
 class Trainer:
-    """K training steps of ``model`` (through ``forward``: the model or its compiled wrapper)."""
+    """Training steps of one variant's ``model`` (through ``forward``: the model or its compiled
+    wrapper), with an AdamW of its own, from the weights the model holds."""
 
-    def __init__(self, model, forward, batches, device: str, lr: float = LR, initial: dict | None = None, norm_params=()):
+    def __init__(self, model, forward, batches, device: str, lr: float = LR, norm_params=()):
         self.model, self.forward, self.batches, self.device, self.lr = model, forward, batches, device, lr
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.norm_params = list(norm_params)
-        self.initial = initial or {k: v.detach().clone() for k, v in model.state_dict().items()}
-        self.opt = None
+        self.opt = torch.optim.AdamW(self.params, lr=lr)
 
     def step(self, batch, measure: bool):
         self.opt.zero_grad(set_to_none=True)
@@ -274,15 +286,14 @@ class Trainer:
         self.opt.step()
         return loss.detach(), gn
 
-    def fresh(self) -> None:
-        """The initial weights and a new optimizer."""
-        self.model.load_state_dict(self.initial)
-        self.opt = torch.optim.AdamW(self.params, lr=self.lr)
+    def free_grads(self) -> None:
+        """Gradients dropped between runs: a variant waiting for its turn holds weights and moments only."""
+        self.opt.zero_grad(set_to_none=True)
 
     def run(self) -> dict:
-        """From the initial weights: loss and gradient norm at every step."""
-        self.fresh()
+        """One step per batch from the weights held now: loss and gradient norms at every step."""
         out = [self.step(b, measure=True) for b in self.batches]
+        self.free_grads()
         return {q: [float(g[i]) for _, g in out] for i, q in enumerate(QUANTITIES[1:])} | {"loss": [float(l) for l, _ in out]}
 
     def time_steps(self, n: int) -> float:
@@ -292,7 +303,9 @@ class Trainer:
         for i in range(n):
             self.step(self.batches[i % len(self.batches)], measure=False)
         _sync(self.device)
-        return (time.perf_counter() - t0) / n
+        sec = (time.perf_counter() - t0) / n
+        self.free_grads()
+        return sec
 
 
 def rel_diffs(run: dict, ref: dict) -> dict:
@@ -344,77 +357,187 @@ def _log(msg: str) -> None:
     print(msg, flush=True)
 
 
+OWN_COMPILED = "Inductor: the model's own norm modules traced and compiled with the rest of the model"
+OWN_EAGER = "the model's own norm modules (PyTorch eager)"
+IMPL_COMPILED = "custom op: the implementation's kernels, an opaque call inside the compiled graph"
+IMPL_EAGER = "the implementation's kernels (harness.integrate.autograd modules)"
+
+
+def rotated(names: list, t: int) -> list:
+    """Trial ``t``'s order: ``names`` rotated by ``t``, so over as many trials as names every variant
+    runs once in every position."""
+    k = t % len(names) if names else 0
+    return names[k:] + names[:k]
+
+
+def spread(values) -> float:
+    """(max - min) / min of a variant's trial times (0 for fewer than two)."""
+    values = list(values)
+    return (max(values) - min(values)) / min(values) if len(values) > 1 and min(values) > 0 else 0.0
+
+
+def trial_summary(seconds: list[float], tokens: int) -> dict:
+    """Median step time of a variant's trials, the trials, their spread and the noisy mark."""
+    ms = [x * 1e3 for x in seconds]
+    step_ms = statistics.median(ms) if ms else None
+    s = spread(ms)
+    return {"step_ms": step_ms, "trial_ms": ms, "spread": s, "noisy": s > NOISY_TRIAL_SPREAD,
+            "tokens_per_s": tokens / (step_ms / 1e3) if step_ms else None}  # fmt: skip
+
+
+@contextlib.contextmanager
+def _gc_paused():
+    gc.collect()
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
+def _allocated(device: str) -> int:
+    return torch.cuda.memory_allocated() if device == "cuda" else 0
+
+
+def _release(device: str) -> None:
+    gc.collect()
+    if device == "cuda":
+        torch.cuda.empty_cache()
+
+
+def group_size(device: str, n: int, resident: int, transient: int, requested: int | None) -> int:
+    """How many implementations are timed beside the own norms in one group: ``requested - 1`` when
+    ``--group`` is given, else as many copies of ``resident`` bytes as the device has room for beside
+    one step's ``transient`` bytes (all of them off a GPU)."""
+    if requested:
+        return max(requested - 1, 1)
+    if device != "cuda" or n == 0:
+        return max(n, 1)
+    free, _ = torch.cuda.mem_get_info()
+    free += torch.cuda.memory_reserved() - torch.cuda.memory_allocated()
+    room = free - TRANSIENT_FACTOR * transient - MEMORY_MARGIN
+    return max(1, min(n, int(room // max(resident, 1))))
+
+
 def run_arch(arch: str, size: str, impls: list[Implementation], *, device: str, dtype: str = "bf16",
-             steps: int = 10, compile: bool = False, trials: int = 0, seed: int = 0) -> dict:  # fmt: skip
-    """Build ``arch``, train it with its own norms and with each implementation's; the report dict."""
+             steps: int = 10, compile: bool = False, trials: int = 0, seed: int = 0,
+             steps_per_trial: int | None = None, group: int | None = None) -> dict:  # fmt: skip
+    """Build ``arch``, train a copy of it with its own norms and one with each implementation's; the report dict."""
     tdtype = DTYPES[dtype]
     tag = f"[{arch} {size}{' compiled' if compile else ''}]"
-    model = build_model(arch, size, device, tdtype, seed)
+    template = build_model(arch, size, device, tdtype, seed)
     s = SIZES[size]
     gen = torch.Generator().manual_seed(seed + 1)
     batches = [torch.randint(0, s.vocab, (s.batch, s.seq), generator=gen).to(device) for _ in range(steps)]
-    variants = NormVariants(model)
-    forward = model
+    norms = own_norms(template)
     if compile:
-        _raise_recompile_limit(8 * (len(impls) + 2))
-        forward = torch.compile(model)
-    norm_params = [p for m in variants.own.values() for p in m.parameters()]
-    trainer = Trainer(model, forward, batches, device, norm_params=norm_params)
-    t0 = time.perf_counter()
+        _raise_recompile_limit(8 * (len(impls) + 4))
 
-    # the model's own norms, and the controls that calibrate the tolerance (uncompiled)
-    variants.use_own()
-    own = trainer.run()
+    def trainer(impl=None, compiled=compile):
+        model, report = variant_model(template, impl)
+        norm_params = [p for name in norms for p in model.get_submodule(name).parameters()]
+        forward = torch.compile(model) if compiled else model
+        return Trainer(model, forward, batches, device, norm_params=norm_params), report
+
+    t0 = time.perf_counter()
+    # the model's own norms (this copy is also the one timed), and the controls that calibrate the
+    # tolerance (uncompiled)
+    before = _allocated(device)
+    if device == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+    own_tr, _ = trainer()
+    own = own_tr.run()
+    resident = _allocated(device) - before
+    transient = (torch.cuda.max_memory_allocated() if device == "cuda" else 0) - _allocated(device)
     _log(f"{tag} own norms: loss {own['loss'][0]:.4f} -> {own['loss'][-1]:.4f} over {steps} steps ({time.perf_counter() - t0:.1f} s)")
-    plain = Trainer(model, model, batches, device, initial=trainer.initial, norm_params=norm_params)
-    own_plain = plain.run() if compile else own
+    own_plain = own
+    if compile:
+        plain, _ = trainer(compiled=False)
+        own_plain = plain.run()
+        del plain
     controls = []
     for c in CONTROL_SEEDS:
-        with perturbed_norms(variants.own.values(), seed=1000 + c, device=device):
-            controls.append(rel_diffs(plain.run(), own_plain))
+        ctl, _ = trainer(compiled=False)
+        with perturbed_norms([ctl.model.get_submodule(n) for n in norms], seed=1000 + c, device=device):
+            controls.append(rel_diffs(ctl.run(), own_plain))
+        del ctl
+    _release(device)
     tol = tolerances(controls, tdtype)
     _log(f"{tag} tolerance (x{SAFETY:g} the controls): " + ", ".join(f"{k} {v:.2e}" for k, v in tol.items()))
 
-    results = []
+    results, queue = [], []
     for impl in impls:
         r = {"impl": impl.name, "dsl": impl.dsl, "external": impl.external, "status": "skip", "reason": ""}
         results.append(r)
         why = impl.unavailable(device) or (
-            f"does not provide {', '.join(m)}" if (m := missing_ops(model, impl)) else None
+            f"does not provide {', '.join(m)}" if (m := missing_ops(template, impl)) else None
         )
         if why:
             r["reason"] = why
             _log(f"{tag} {impl.name}: skipped ({why})")
-            continue
-        t1 = time.perf_counter()
-        breaks = _dynamo_count("graph_break")
-        try:
-            report = variants.use(impl)
-            run = trainer.run()
-        except Exception as e:  # one failing implementation must not stop the others
-            r.update(status="error", reason=describe_error(e))
-            _log(f"{tag} {impl.name}: error ({r['reason']})")
-            continue
-        finally:
-            variants.use_own()
-        d = rel_diffs(run, own)
-        ok = verdict(d, tol)
-        r.update(status="pass" if ok else "fail", **run, rel_diff=d, swapped=report.counts(), unknown=report.unknown,
-                 seconds=round(time.perf_counter() - t1, 2))  # fmt: skip
-        if compile:
-            r["graph_breaks"] = _dynamo_count("graph_break") - breaks
-        worst = _worst(d, tol)
-        _log(f"{tag} {impl.name}: {r['status']} (worst {worst} {d[worst]:.2e} vs tolerance {tol[worst]:.2e}; {r['seconds']} s)")
+        else:
+            queue.append((impl, r))
+    per_group = group_size(device, len(queue), resident, transient, group) if trials else max(len(queue), 1)
+    chunks = [queue[i : i + per_group] for i in range(0, len(queue), per_group)] or [[]]
+    if trials and len(chunks) > 1:
+        _log(f"{tag} timed in {len(chunks)} groups of up to {per_group} implementations beside the own norms "
+             f"(a copy holds {resident / 2**30:.1f} GiB, a step needs {transient / 2**30:.1f} GiB more)")  # fmt: skip
+    swap_reports = {}
+    timed: dict[str, list[float]] = {}
+    own_groups, failed, recompiled, group_of = [], {}, {}, {}
+    for g, chunk in enumerate(chunks):
+        runners = {"own": own_tr}
+        for impl, r in chunk:
+            t1 = time.perf_counter()
+            breaks = _dynamo_count("graph_break")
+            try:
+                tr, report = trainer(impl)
+                run = tr.run()
+            except Exception as e:  # one failing implementation must not stop the others
+                r.update(status="error", reason=describe_error(e))
+                _log(f"{tag} {impl.name}: error ({r['reason']})")
+                tr = None
+                _release(device)
+                continue
+            d = rel_diffs(run, own)
+            ok = verdict(d, tol)
+            swap_reports[impl.name] = report
+            r.update(status="pass" if ok else "fail", **run, rel_diff=d, swapped=report.counts(), unknown=report.unknown,
+                     norms_run_as=IMPL_COMPILED if compile else IMPL_EAGER, seconds=round(time.perf_counter() - t1, 2))  # fmt: skip
+            if compile:
+                r["graph_breaks"] = _dynamo_count("graph_break") - breaks
+            worst = _worst(d, tol)
+            _log(f"{tag} {impl.name}: {r['status']} (worst {worst} {d[worst]:.2e} vs tolerance {tol[worst]:.2e}; {r['seconds']} s)")
+            if ok and trials:
+                runners[impl.name] = tr
+            del tr
+        if trials:
+            label = f" group {g + 1}/{len(chunks)}" if len(chunks) > 1 else ""
+            per, fail, rec = _time_group(runners, trials, steps_per_trial or steps, tag + label)
+            own_groups.append(per["own"])
+            for name, secs in per.items():
+                if name != "own":
+                    timed[name], group_of[name] = secs, g
+                recompiled[name] = recompiled.get(name, 0) + rec[name]
+            failed.update(fail)
+        del runners
+        _release(device)
 
-    timing = _time_variants(trainer, variants, impls, results, trials, steps, tag) if trials else None
-    first = next((variants.reports[i.name] for i in impls if i.name in variants.reports), None)
+    timing = None
+    if trials:
+        timing = _timing_report(own_groups, timed, group_of, failed, recompiled, s.batch * s.seq, trials,
+                                steps_per_trial or steps, per_group if len(chunks) > 1 else None, resident, transient)  # fmt: skip
+    first = next(iter(swap_reports.values()), None)
     return {
+        "mode": "train",
         "arch": arch,
         "size": size,
         "size_config": asdict(s),
-        "model_class": type(model).__name__,
-        "attn_implementation": getattr(model.config, "_attn_implementation", None),
-        "params": sum(p.numel() for p in model.parameters()),
+        "model_class": type(template).__name__,
+        "attn_implementation": getattr(template.config, "_attn_implementation", None),
+        "params": sum(p.numel() for p in template.parameters()),
         "tokens_per_step": s.batch * s.seq,
         "dtype": dtype,
         "device": device,
@@ -422,7 +545,8 @@ def run_arch(arch: str, size: str, impls: list[Implementation], *, device: str, 
         "steps": steps,
         "lr": LR,
         "seed": seed,
-        "norms": {name: type(m).__name__ for name, m in variants.own.items()},
+        "norms": norms,
+        "own_norms_run_as": OWN_COMPILED if compile else OWN_EAGER,
         "not_fused": first.not_fused if first else [],
         "tolerance": {"safety": SAFETY, "floor_ulps": FLOOR_ULPS, "controls": controls, "tol": tol},
         "own": own,
@@ -432,65 +556,85 @@ def run_arch(arch: str, size: str, impls: list[Implementation], *, device: str, 
     }
 
 
-def _time_variants(trainer, variants, impls, results, trials, steps, tag) -> dict:
-    """Step time of the model's own norms and of every agreeing implementation (see the module
-    docstring: warm-up, rotated order, median of trials)."""
-    by_name = {i.name: i for i in impls}
-    names = list(dict.fromkeys(["own"] + [r["impl"] for r in results if r["status"] == "pass"]))
-
-    def use(name):
-        if name == "own":
-            variants.use_own()
-        else:
-            variants.use(by_name[name])
-
-    trainer.fresh()
-    per = {n: [] for n in names}
-    failed = {}
-    # graphs torch.compile built inside timed steps (the untimed step after a switch should absorb
-    # any recompilation; a count here means a timing includes compilation)
-    compiled_in_timing = {n: 0 for n in names}
-
-    def timed(name, n) -> float | None:
-        use(name)
+def _time_group(runners: dict, trials: int, steps: int, tag: str):
+    """Warm-up steps of every variant in ``runners`` (name -> Trainer), then ``trials`` trials of
+    ``steps`` steps each in rotated order. Returns (seconds per step of each trial, failures, graphs
+    compiled inside timed steps) per variant."""
+    per = {n: [] for n in runners}
+    failed: dict[str, str] = {}
+    # graphs torch.compile built inside timed steps (the warm-up should absorb every compilation; a
+    # count here means a timing includes compilation)
+    recompiled = {n: 0 for n in runners}
+    for name, tr in runners.items():
         try:
-            return trainer.time_steps(n)
+            tr.time_steps(WARMUP_STEPS)
         except Exception as e:  # recorded; the other variants go on
             failed[name] = describe_error(e)
-            return None
-
-    for name in names:
-        timed(name, WARMUP_STEPS)
     for t in range(trials):
-        live = [n for n in names if n not in failed]
-        k = t % max(len(live), 1)
-        for name in live[k:] + live[:k]:
-            if timed(name, 1) is None:
-                continue
-            graphs = _dynamo_count("unique_graphs")
-            if (sec := timed(name, steps)) is not None:
-                per[name].append(sec)
-            compiled_in_timing[name] += _dynamo_count("unique_graphs") - graphs
+        live = [n for n in runners if n not in failed]
+        with _gc_paused():
+            for name in rotated(live, t):
+                graphs = _dynamo_count("unique_graphs")
+                try:
+                    per[name].append(runners[name].time_steps(steps))
+                except Exception as e:
+                    failed[name] = describe_error(e)
+                    continue
+                recompiled[name] += _dynamo_count("unique_graphs") - graphs
         _log(f"{tag} timing trial {t + 1}/{trials} done")
-    names = [n for n in names if n not in failed]
-    variants.use_own()
+    return per, failed, recompiled
+
+
+def _timing_report(
+    own_groups, timed, group_of, failed, recompiled, tokens, trials, steps, per_group, resident, transient
+) -> dict:
+    """The timing section: per variant the median, trials, spread and noisy mark, and the speedup
+    over the own norms of its group."""
+    own_all = [x for g in own_groups for x in g]
     out = {}
-    for name in names:
-        ms = [x * 1e3 for x in per[name]]
-        spread = (max(ms) - min(ms)) / min(ms) if ms and min(ms) > 0 else 0.0
-        step_ms = statistics.median(ms)
-        out[name] = {"step_ms": step_ms, "trial_ms": ms, "spread": spread, "noisy": spread > NOISY_SPREAD,
-                     "tokens_per_s": trainer.batches[0].numel() / (step_ms / 1e3),
-                     "graphs_compiled_while_timed": compiled_in_timing[name]}  # fmt: skip
-    own_ms = out["own"]["step_ms"] if "own" in out else None
-    for name, row in out.items():
-        row["speedup_vs_own"] = own_ms / row["step_ms"] if own_ms else None
-    return {"trials": trials, "steps_per_trial": steps, "warmup_steps": WARMUP_STEPS, "variants": out, "failed": failed}
+    if own_all:
+        extra = {"graphs_compiled_while_timed": recompiled.get("own", 0), "speedup_vs_own": 1.0}
+        out["own"] = trial_summary(own_all, tokens) | extra
+        if len(own_groups) > 1:
+            out["own"]["groups"] = [trial_summary(g, tokens) for g in own_groups]
+    for name, secs in timed.items():
+        if name in failed or not secs:
+            continue
+        row = trial_summary(secs, tokens) | {"graphs_compiled_while_timed": recompiled.get(name, 0)}
+        g = group_of[name]
+        own_ms = trial_summary(own_groups[g], tokens)["step_ms"] if own_groups[g] else None
+        row["speedup_vs_own"] = own_ms / row["step_ms"] if own_ms and row["step_ms"] else None
+        if len(own_groups) > 1:
+            row["group"] = g
+        out[name] = row
+    return {
+        "method": "a deep copy of the initial model and an AdamW per variant; warm-up, then trials in rotated order",
+        "trials": trials,
+        "steps_per_trial": steps,
+        "warmup_steps": WARMUP_STEPS,
+        "noisy_above": NOISY_TRIAL_SPREAD,
+        "groups": len(own_groups),
+        "group_size": per_group,
+        "copy_bytes": resident or None,
+        "step_transient_bytes": transient or None,
+        "variants": out,
+        "failed": failed,
+    }
 
 
 # ---------------------------------------------------------------- reports
 def report_name(rep: dict) -> str:
-    return f"{rep['arch']}-{rep['size']}-{'compiled' if rep['compile'] else 'eager'}.json"
+    tag = f"-{rep['tag']}" if rep.get("tag") else ""
+    return f"{rep['arch']}-{rep['size']}-{'compiled' if rep['compile'] else 'eager'}{tag}.json"
+
+
+def check_tag(tag: str | None) -> None:
+    """--tag: a part of a file name (lower-case letters, digits, '-', '_')."""
+    if tag is not None and not re.fullmatch(r"[a-z0-9][a-z0-9_-]{0,39}", tag):
+        shown = "".join(c if c.isprintable() else "?" for c in tag[:40])
+        raise ValueError(
+            f"--tag must be 1-40 lower-case letters, digits, '-' or '_' (a part of the report's file name), got '{shown}'"
+        )
 
 
 def _fmt(x, spec=".2e"):
@@ -499,10 +643,11 @@ def _fmt(x, spec=".2e"):
 
 def markdown(reps: list[dict]) -> str:
     lines = ["# Models: a training step with each implementation's norms", ""]
-    for rep in sorted(reps, key=lambda r: (r["size"], r["arch"], r["compile"])):
+    for rep in sorted(reps, key=lambda r: (r["size"], r["arch"], r["compile"], r.get("tag") or "")):
         mode = "torch.compile" if rep["compile"] else "eager"
         lines += [
-            f"## {rep['arch']} ({rep['model_class']}), {rep['size']}, {rep['dtype']}, {mode}, {rep['device']}",
+            f"## {rep['arch']} ({rep['model_class']}), {rep['size']}, {rep['dtype']}, {mode}, {rep['device']}"
+            + (f", {rep['tag']}" if rep.get("tag") else ""),
             "",
             f"{rep['params'] / 1e6:.1f} M parameters, {rep['tokens_per_step']} tokens per step, {rep['steps']} AdamW steps "
             f"(lr {rep['lr']}); norms: " + ", ".join(f"{n} x {c}" for c, n in _count(rep["norms"]).items()) + ".",
@@ -511,17 +656,25 @@ def markdown(reps: list[dict]) -> str:
             f"tolerance {rep['tolerance']['safety']:g} x the largest difference of {len(rep['tolerance']['controls'])} "
             "control runs whose norm outputs were moved by up to the error `normbench check` allows: "
             + ", ".join(f"{k} {v:.1e}" for k, v in rep["tolerance"]["tol"].items()) + ".",
+        ]
+        if rep["compile"]:
+            lines.append(f"Compiled: the model's own norms run as {rep.get('own_norms_run_as') or OWN_COMPILED}; "
+                         f"every implementation's as a {IMPL_COMPILED}.")  # fmt: skip
+        lines += _timing_lines(rep.get("timing"))
+        lines += [
             "",
-            "| implementation | agrees | worst difference (x tolerance) | step ms | tokens/s | vs own |",
-            "|---|---|---|---|---|---|",
+            "| implementation | agrees | worst difference (x tolerance) | step ms | trial spread | tokens/s | vs own |",
+            "|---|---|---|---|---|---|---|",
         ]
         timing = (rep.get("timing") or {}).get("variants", {})
         t = timing.get("own")
-        lines.append(f"| model's own norms | – | – | {_ms(t)} | {_fmt(t and t['tokens_per_s'], ',.0f')} | 1.00x |")
+        own_label = "model's own norms" + (" (Inductor's)" if rep["compile"] else "")
+        tps = _fmt(t and t["tokens_per_s"], ",.0f")
+        lines.append(f"| {own_label} | – | – | {_ms(t)} | {_spread(t)} | {tps} | 1.00x |")
         tol = rep["tolerance"]["tol"]
         for r in rep["results"]:
             if r["status"] in ("skip", "error"):
-                lines.append(f"| {r['impl']} | {r['status']}: {r['reason']} | | | | |")
+                lines.append(f"| {r['impl']} | {r['status']}: {r['reason']} | | | | | |")
                 continue
             d, t = r["rel_diff"], timing.get(r["impl"])
             worst = _worst(d, tol)
@@ -529,7 +682,7 @@ def markdown(reps: list[dict]) -> str:
             name = r["impl"] + (f" ({r['graph_breaks']} graph breaks)" if r.get("graph_breaks") else "")
             lines.append(
                 f"| {name} | {'yes' if r['status'] == 'pass' else '**no**'} | {worst} {_fmt(d[worst])} ({d[worst] / tol[worst]:.2f}x) | "
-                f"{_ms(t)} | {_fmt(t and t['tokens_per_s'], ',.0f')} | {speed} |"
+                f"{_ms(t)} | {_spread(t)} | {_fmt(t and t['tokens_per_s'], ',.0f')} | {speed} |"
             )
         if not timing:
             lines += ["", "Not timed (step times are measured on a GPU, or with --trials)."]
@@ -537,6 +690,27 @@ def markdown(reps: list[dict]) -> str:
             lines += ["", f"Timing of {name} failed: {why}"]
         lines.append("")
     return "\n".join(lines)
+
+
+def _timing_lines(timing) -> list[str]:
+    if not timing:
+        return []
+    method = (
+        "one deep copy of the initial model and one AdamW per variant" if timing.get("method") else "one model instance"
+    )
+    groups = ""
+    if (timing.get("groups") or 1) > 1:
+        groups = f", in {timing['groups']} groups (the own norms in each; speedups against its group's)"
+    text = (
+        f"Timing: {method}; {timing['warmup_steps']} warm-up steps, then {timing['trials']} trials of "
+        f"{timing['steps_per_trial']} steps in rotated order{groups}; median step time, trial spread (max - min) / min, "
+        f"noisy above {timing.get('noisy_above', 0.05):.0%}."
+    )
+    return [text]
+
+
+def _spread(t) -> str:
+    return "–" if not t else f"{t['spread']:.1%}"
 
 
 def _ms(t) -> str:
@@ -557,15 +731,25 @@ def write_reports(out: Path, rep: dict, command: str) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     path = out / report_name(rep)
     path.write_text(json.dumps({"command": command, "environment": environment(rep["device"]), **rep}, indent=1))
-    reps = [json.loads(p.read_text()) for p in sorted(out.glob("*.json"))]
-    (out / "models.md").write_text(markdown([r for r in reps if "arch" in r and "results" in r]))
+    write_markdown(out)
     return path
+
+
+def write_markdown(out: Path) -> Path:
+    """models.md rebuilt from every report JSON in ``out``."""
+    reps = [json.loads(p.read_text()) for p in sorted(out.glob("*.json"))]
+    trained = [r for r in reps if "arch" in r and "results" in r and r.get("mode", "train") == "train"]
+    (out / "models.md").write_text(markdown(trained))
+    return out / "models.md"
 
 
 # ---------------------------------------------------------------- entry point (harness.cli calls it)
 def run(archs: list[str], size: str, impls: list[Implementation], *, device: str, steps: int, compile: bool,
-        trials: int | None, out: Path | None, dtype: str = "bf16", seed: int = 0) -> int:  # fmt: skip
-    """`normbench model`: exit status 0 when every implementation that ran agrees, 1 otherwise."""
+        trials: int | None, out: Path | None, dtype: str = "bf16", seed: int = 0, command: str | None = None,
+        gpu_id: str | None = None, steps_per_trial: int | None = None, group: int | None = None,
+        tag: str | None = None) -> int:  # fmt: skip
+    """`normbench model`: exit status 0 when every implementation that ran agrees, 1 otherwise.
+    ``gpu_id`` (default: ``environment.gpu_id``) is recorded in every report JSON."""
     why = transformers_missing()
     if why:
         raise ValueError(why)
@@ -579,21 +763,29 @@ def run(archs: list[str], size: str, impls: list[Implementation], *, device: str
     if steps < 1:
         raise ValueError(f"--steps must be >= 1, got {steps}")
     if trials is None:
-        trials = 5 if device == "cuda" else 0
+        trials = TRIALS_CUDA if device == "cuda" else 0
     if trials < 0:
         raise ValueError(f"--trials must be >= 0, got {trials}")
+    if steps_per_trial is not None and steps_per_trial < 1:
+        raise ValueError(f"--steps-per-trial must be >= 1, got {steps_per_trial}")
+    check_tag(tag)
+    if group is not None and group < 2:
+        raise ValueError(f"--group must be >= 2 (the model's own norms and at least one implementation), got {group}")
     if out is None:
-        gpu = torch.cuda.get_device_name(0) if device == "cuda" else "cpu"
-        out = default_out_dir(gpu) / "models"
+        out = default_model_dir(device)
     _output_folder(Path(out))
     why = {i.name: i.unavailable(device) for i in impls}
     if impls and all(why.values()):  # known before any model is built
         _nothing_compared(device, why)
         return 1
-    command = "normbench " + " ".join(shlex.quote(x) for x in sys.argv[1:])
+    command = command or "normbench " + " ".join(shlex.quote(x) for x in sys.argv[1:])
+    gpu_id = gpu_id if gpu_id is not None else environment_gpu_id(device)
     status = 0
     for arch in archs:
-        rep = run_arch(arch, size, impls, device=device, dtype=dtype, steps=steps, compile=compile, trials=trials, seed=seed)
+        rep = run_arch(arch, size, impls, device=device, dtype=dtype, steps=steps, compile=compile, trials=trials, seed=seed,
+                       steps_per_trial=steps_per_trial, group=group)  # fmt: skip
+        rep["gpu_id"] = gpu_id
+        rep["tag"] = tag
         path = write_reports(out, rep, command)
         if any(r["status"] in ("fail", "error") for r in rep["results"]):
             status = 1
@@ -602,6 +794,11 @@ def run(archs: list[str], size: str, impls: list[Implementation], *, device: str
             _nothing_compared(device, {r["impl"]: r["reason"] for r in rep["results"]}, arch)
             status = 1
     return status
+
+
+def default_model_dir(device: str) -> Path:
+    """``runs/<gpu>/<date>/models`` (``harness.run.bench.default_out_dir``)."""
+    return default_out_dir(torch.cuda.get_device_name(0) if device == "cuda" else "cpu") / "models"
 
 
 def _nothing_compared(device: str, why: dict, arch: str | None = None) -> None:

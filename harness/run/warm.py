@@ -125,21 +125,33 @@ def warm_point(impl_name: str, op: str, direction: str, shape, dtype: str, weigh
     return row
 
 
-def run_warm(impls, ops, directions, shape_sets, dtypes, out_dir: Path, jobs: int, device: str = "cuda", weights=("same",), progress: bool = True) -> list[dict]:
-    """Warm every planned point over ``jobs`` processes; rows of ``out_dir/warm.jsonl`` (appended)."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
+def warm_plan(impls, ops, directions, shape_sets, dtypes, out_dir: Path, device: str = "cuda", weights=("same",)) -> list[tuple]:
+    """The points ``run_warm`` searches (``bench.plan``'s tuples): those that run on ``device``,
+    less those ``out_dir``'s results already hold (a bench --resume skips them)."""
     from harness.results.store import load_results, point_key
     from harness.run.bench import plan, planned_key
 
-    out_dir.mkdir(parents=True, exist_ok=True)
-    # points the folder's results already hold need no search (a bench --resume skips them)
-    results = out_dir / "results.jsonl"
+    results = Path(out_dir) / "results.jsonl"
     done = {point_key(r) for r in load_results(results)} if results.is_file() else set()
-    todo = [
+    return [
         t for t in plan(impls, ops, directions, shape_sets, dtypes, weights)
         if t[0].unavailable(device) is None and t[5] in t[0].dtypes and planned_key(t) not in done
     ]  # fmt: skip
+
+
+def run_warm(impls, ops, directions, shape_sets, dtypes, out_dir: Path, jobs: int, device: str = "cuda", weights=("same",), progress: bool = True,
+             only: set | None = None, gpu_id: str | None = None) -> list[dict]:  # fmt: skip
+    """Warm every planned point over ``jobs`` processes; rows of ``out_dir/warm.jsonl`` (appended).
+    ``only``: the keys (``bench.planned_key``) of the points to warm (a fan-out's shard); ``gpu_id``
+    is recorded with every row (default: ``environment.gpu_id``)."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from harness.run.bench import planned_key
+    from harness.run.environment import gpu_id as environment_gpu_id
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    todo = [t for t in warm_plan(impls, ops, directions, shape_sets, dtypes, out_dir, device, weights) if only is None or planned_key(t) in only]
+    gpu_id = gpu_id if gpu_id is not None else environment_gpu_id(device)
     if not todo:
         return []
     _inductor_autotuner()  # refuse here, in one line, rather than in every worker
@@ -160,7 +172,7 @@ def run_warm(impls, ops, directions, shape_sets, dtypes, out_dir: Path, jobs: in
         futures = [pool.submit(warm_point, impl.name, op, d, shape, dtype, w, device) for impl, op, d, _set, shape, dtype, w in todo]
         try:
             for f in as_completed(futures):
-                row = f.result()
+                row = {**f.result(), "gpu_id": gpu_id}
                 rows.append(row)
                 fh.write(json.dumps(row) + "\n")
                 fh.flush()

@@ -8,6 +8,13 @@ An implementation module (``impls/<name>/...``) defines two functions per op it 
     layernorm_bwd(dy, x, weight, mean, rstd)                   -> (dx, dweight, dbias)
     add_rmsnorm_fwd(x, residual, weight, eps)                  -> (y, residual_out, rstd)
     add_rmsnorm_bwd(dy, dresidual_out, residual_out, weight, rstd) -> (dh, dweight)
+    rmsnorm_fp8_fwd(x, weight, eps, group)                     -> (q, scale, rstd)
+    add_rmsnorm_fp8_fwd(x, residual, weight, eps, group)       -> (q, scale, residual_out, rstd)
+
+The FP8 functions (forward only) quantize the fp32 y = x * rstd * weight, never rounded to x's dtype
+first, to float8_e4m3fn with one fp32 scale per group of ``group`` elements (``group`` is N, or 128
+with N a multiple of 128; the harness checks it): scale = max(amax|y|, floor) / 448, (M, N / group);
+q = e4m3fn(y / scale), round to nearest even, saturating (``harness.spec.fp8``).
 
 ``add_rmsnorm`` is the norm after a residual add: ``residual_out = x + residual`` rounded to x's
 dtype (what the unfused model stores), ``y = rmsnorm(residual_out)``; its backward returns
@@ -36,6 +43,14 @@ fp32 (M,); dweight / dbias in the weight's dtype (x's or fp32), reduced over all
 An implementation that does not want to handle ``weight=None`` itself sets
 ``handles_no_affine=False`` and the harness passes a ones vector (and drops dweight) instead.
 
+Per-head views: q and k of a fused QKV projection are (T, H, N) views whose token stride is that of
+the whole projection (P heads, P > H), so no (M, N) view of their rows exists and a reshape copies
+them. An implementation that sets ``row_views=True`` gets such a tensor as the 3-D view itself (unit
+stride along N, any strides on T and H; row r = t*H + h at t * stride(0) + h * stride(1)), and then
+every row tensor of that call 3-D, each with its own strides; the statistics stay (M,) with M = T*H
+and its outputs may be (T, H, N) or (M, N). Any other implementation gets the (M, N) copy, and its
+timing pays for it. A 3-D tensor that does have an (M, N) view reaches every kernel as (M, N).
+
 Rows whose squares overflow fp32 (``harness.spec.inputs.OVERFLOW``: |x| ~ 1e30, representable in
 bf16 and fp32): for an op whose record sets ``overflow`` (LayerNorm), the outputs of such a row must
 be NaN, as torch's are, or the right answer, never a finite wrong number (rstd = rsqrt(inf) = 0 would
@@ -63,7 +78,8 @@ DEFAULT_OPS = ("rmsnorm", "layernorm")
 DIRECTIONS = ("fwd", "bwd")
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 DTYPE_NAMES = {v: k for k, v in DTYPES.items()}
-FUNCTIONS = tuple(f"{op}_{d}" for op in OPS for d in DIRECTIONS)
+# every contract function, once (the FP8 ops' groupings share theirs)
+FUNCTIONS = tuple(dict.fromkeys(rec.function(d) for rec in OP_RECORDS.values() for d in rec.directions))
 # parameter dtypes a kernel may be given beside x's own (16-bit x with fp32 weights)
 PARAM_DTYPES = (torch.float32,)
 
@@ -182,6 +198,16 @@ class Implementation:
     external: bool = False  # a third-party library, shown as an external baseline only
     prompt: str | None = None  # LLM-generated kernels: the prompt file they came from
     handles_no_affine: bool = True
+    # Takes a 3-D (T, H, N) row tensor with any strides on T and H (unit stride along N) as a view:
+    # the per-head q and k of a fused QKV tensor, which have no (M, N) view. Without it the
+    # contract hands such a tensor over as contiguous (M, N) rows, a copy.
+    row_views: bool = False
+    # Further entries ("package.module" or "package.module:factory", built with ``options`` as
+    # ``entry`` is) defining contract functions ``entry`` does not: ops kept in files of their own
+    extra_entries: tuple[str, ...] = ()
+    # FP8 ops: y is rounded to x's dtype before its amax and the division (the unfused passes store
+    # it so); the checker allows that one rounding where a record declares it, and nowhere else
+    rounds_before_quantizing: bool = False
     # "cheap" or "costly": how expensive a run on the CPU is (torch.compile compiles every shape, an
     # interpreter runs per program); the test suite checks a costly one on fewer CPU shapes.
     cpu_cost: str = "cheap"

@@ -3,7 +3,8 @@ and wrong indexing. Rows get log-uniform scales in [1e-3, 10], so some rows have
 (a wrong or missing eps changes their output by a factor, not a rounding error) and some are large.
 
 What a case holds is the op's record (``harness.spec.ops``): every row tensor and parameter its contract
-functions take, under the contract's names, plus ``eps``. The draws for x, dy, weight and bias come
+functions take, under the contract's names, plus ``eps`` (and, for the FP8 ops, the ``group`` their
+record fixes). The draws for x, dy, weight and bias come
 first and in that order for every op, so adding an op or a variant never changes the inputs (and the
 results) of the existing ones.
 
@@ -22,7 +23,7 @@ from __future__ import annotations
 import torch
 
 from harness.spec.ops import OFFSET, check_weights, effective_weight, get_op
-from harness.spec.shapes import COLUMN_SLICE_PAD, Shape, sliced
+from harness.spec.shapes import COLUMN_SLICE_PAD, Shape, head_sliced, parent_heads, sliced
 
 DEFAULT_EPS = 1e-5
 # the row magnitude of the overflow inputs: x^2 ~ 1e60 overflows fp32 (max 3.4e38)
@@ -60,14 +61,20 @@ def make_case(
     def width(name):
         return n + COLUMN_SLICE_PAD if sliced(shape.layout, name) else n
 
+    def parent(name):
+        """The leading dims of the tensor ``name`` is a view of: (T, P) for a per-head view."""
+        return (lead[0], parent_heads(shape.layout)) if head_sliced(shape.layout, name) else lead
+
     def tensor(name):
-        t = rand(*lead, width(name))
+        outer = parent(name)
+        t = rand(*outer, width(name))
         if t.numel():
-            row_scale = torch.pow(10.0, torch.rand(*lead, 1, generator=g, device=device) * 4 - 3)
+            row_scale = torch.pow(10.0, torch.rand(*outer, 1, generator=g, device=device) * 4 - 3)
             t = t * row_scale
         if overflow:
             t = t / t.abs().amax(-1, keepdim=True).clamp_min(1e-30) * OVERFLOW
-        return t.to(dtype)[..., :n]
+        t = t.to(dtype)[..., :n]
+        return t[:, : lead[1]] if outer != lead else t
 
     x, dy = tensor("x"), rand(*lead, width("dy")).to(dtype)[..., :n]
     pdtype = torch.float32 if weights == "fp32" else dtype
@@ -83,4 +90,6 @@ def make_case(
         case.update({a.name: None for a in rec.bwd_args if a.optional and a.kind == "rows"})
     offset = OFFSET if weights == "offset" else 0.0
     case.update(weight=effective_weight(raw_weight, offset), raw_weight=raw_weight, weight_offset=offset)
+    if any(a.kind == "group" for a in rec.fwd_args):  # the FP8 ops: the group the record fixes
+        case["group"] = rec.group_of(n)
     return case

@@ -8,7 +8,7 @@ import importlib
 import os
 from types import SimpleNamespace
 
-from harness.spec.contract import FUNCTIONS, Implementation, split_function
+from harness.spec.contract import Implementation
 from harness.spec.interpreters import INTERPRETERS, cpu_triton, interpreter_env
 from harness.spec.ops import get_op
 from harness.spec.validation import checked
@@ -24,8 +24,39 @@ def _key(impl: Implementation) -> tuple:
     return (impl, repr(sorted(impl.options.items())))
 
 
+def _functions(impl: Implementation) -> list[tuple[str, str, str]]:
+    """(contract function, op, direction) of every function the record's ops need, each once."""
+    out = {}
+    for op in impl.ops:
+        rec = get_op(op)
+        for d in rec.directions:
+            out.setdefault(rec.function(d), (op, d))
+    return [(fn, op, d) for fn, (op, d) in out.items()]
+
+
+def _entry(impl: Implementation, entry: str):
+    mod_name, _, factory = entry.partition(":")
+    mod = importlib.import_module(mod_name)
+    return getattr(mod, factory)(**impl.options) if factory else mod
+
+
+class _Entries:
+    """The functions of several entries (``entry``, then ``extra_entries``): the first that defines
+    a name provides it."""
+
+    def __init__(self, entries):
+        self._entries = entries
+
+    def __getattr__(self, name):
+        for e in self.__dict__["_entries"]:
+            if hasattr(e, name):
+                return getattr(e, name)
+        raise AttributeError(name)
+
+
 def load_raw(impl: Implementation, device: str):
-    """The implementation's module (or what its factory returns) with its contract functions."""
+    """The implementation's module (or what its factory returns) with its contract functions; with
+    ``extra_entries``, the functions of all of them."""
     if device == "cpu":
         cpu_triton()
         if impl.interpreter == INTERPRETERS["triton"]:
@@ -33,13 +64,12 @@ def load_raw(impl: Implementation, device: str):
     key = _key(impl)
     if key in _RAW_CACHE:
         return _RAW_CACHE[key]
-    mod_name, _, factory = impl.entry.partition(":")
     with interpreter_env(impl, device):
-        mod = importlib.import_module(mod_name)
-        raw = getattr(mod, factory)(**impl.options) if factory else mod
-    for fn in FUNCTIONS:
-        if split_function(fn)[0] in impl.ops and not callable(getattr(raw, fn, None)):
-            raise TypeError(f"implementation '{impl.name}' ({impl.entry}) does not define {fn}()")
+        entries = [_entry(impl, e) for e in (impl.entry, *impl.extra_entries)]
+    raw = entries[0] if len(entries) == 1 else _Entries(entries)
+    for fn, _, _ in _functions(impl):
+        if not callable(getattr(raw, fn, None)):
+            raise TypeError(f"implementation '{impl.name}' ({', '.join((impl.entry, *impl.extra_entries))}) does not define {fn}()")
     _RAW_CACHE[key] = raw
     return raw
 
@@ -53,10 +83,6 @@ def load_kernels(impl: Implementation, device: str = "cuda") -> SimpleNamespace:
     key = (*_key(impl), device)
     if key not in _KERNEL_CACHE:
         raw = load_raw(impl, device)
-        fns = {}
-        for fn in FUNCTIONS:
-            op, direction = split_function(fn)
-            if op in impl.ops:
-                fns[fn] = checked(impl, get_op(op), direction, getattr(raw, fn))
+        fns = {fn: checked(impl, get_op(op), direction, getattr(raw, fn)) for fn, op, direction in _functions(impl)}
         _KERNEL_CACHE[key] = SimpleNamespace(**fns, raw=raw, impl=impl)
     return _KERNEL_CACHE[key]

@@ -9,6 +9,14 @@ Tensor kinds (what shape and dtype a tensor has, given x of shape (M, N)):
     rows   (M, N) in x's dtype                  x, dy, y, dx, residual, residual_out, dh, ...
     stat   (M,) fp32                            rstd, mean
     param  (N,) in the weight's dtype           weight, bias, dweight, dbias (x's dtype or fp32)
+    fp8    (M, N) float8_e4m3fn                 q, the quantized y of the FP8 ops
+    scale  (M, N / group) fp32                  scale, one per group of q (harness.spec.fp8)
+and the scalars: eps (a real number >= 0) and group (an int: N, or 128).
+
+Forward-only ops (``directions``): the FP8 ops quantize y for an FP8 GEMM and have no backward. Two
+records may share contract functions (``contract``): the FP8 ops are one record per grouping, one
+scale per row (group = N) and one per 1 x 128 block (group = 128; only shapes with N a multiple of
+128), because each is its own workload, ranked on its own; the record fixes the group its cases pass.
 
 A backward's arguments come by name: an argument the forward returns (rstd, residual_out) is taken
 from the forward's outputs, every other one (dy, x, weight) from the drawn case. That one rule is how
@@ -30,6 +38,7 @@ from typing import Callable
 import torch
 
 from harness.spec import reference
+from harness.spec.fp8 import GROUP_BLOCK
 
 
 @dataclass(frozen=True)
@@ -51,7 +60,16 @@ def _param(name):
     return Arg(name, "param", True)
 
 
+def _fp8(name):
+    return Arg(name, "fp8")
+
+
+def _scale(name):
+    return Arg(name, "scale")
+
+
 EPS = Arg("eps", "scalar")
+GROUP = Arg("group", "group")
 
 
 def _native_rmsnorm(x, weight, eps):
@@ -92,6 +110,12 @@ class Op:
     # PyTorch's own differentiable composition, taking the forward's arguments: the floor rows of
     # `normbench overhead` and what the unfused model runs
     native: Callable | None = None
+    # the directions it has contract functions for: ("fwd",) for the FP8 ops
+    directions: tuple[str, ...] = ("fwd", "bwd")
+    # the stem of its contract functions where records share them (the FP8 ops' groupings); "": name
+    contract: str = ""
+    # the ``group`` argument its cases pass (ops with one): None = N, one scale per row
+    group: int | None = None
 
     @property
     def stats(self) -> tuple[str, ...]:
@@ -102,8 +126,27 @@ class Op:
         """The row tensor the backward differentiates the norm at (x, or residual_out)."""
         return next(a.name for a in self.bwd_args[1:] if a.kind == "rows" and not a.optional)
 
+    @property
+    def quantized(self) -> bool:
+        """Whether its forward returns FP8 values (and their scales)."""
+        return any(a.kind == "fp8" for a in self.fwd_outputs)
+
+    def offers(self, direction: str) -> bool:
+        """Whether it has ``direction`` (fwd, bwd, or fwdbwd: both)."""
+        return all(d in self.directions for d in (("fwd", "bwd") if direction == "fwdbwd" else (direction,)))
+
+    def group_of(self, n: int) -> int:
+        """The group its cases pass for rows of N elements."""
+        return n if self.group is None else self.group
+
+    def unsupported(self, n: int) -> str | None:
+        """Why rows of N elements are no point of this op (a group that does not divide N), or None."""
+        if self.group is not None and n % self.group:
+            return f"{self.name} quantizes groups of {self.group} and N = {n} is not a multiple of {self.group}"
+        return None
+
     def function(self, direction: str) -> str:
-        return f"{self.name}_{direction}"
+        return f"{self.contract or self.name}_{direction}"
 
     def reference(self, direction: str) -> Callable:
         return {"fwd": self.reference_fwd, "bwd": self.reference_bwd}[direction]
@@ -119,11 +162,21 @@ class Op:
         return tuple(produced[a.name] if a.name in produced else case[a.name] for a in self.bwd_args)
 
     def rows_of(self, direction: str) -> int:
-        """Row tensors (M x N) a perfect kernel reads + writes; fwdbwd is the sum of both."""
+        """Row tensors (M x N, x's dtype) a perfect kernel reads + writes; fwdbwd is the sum of both."""
+        if not self.offers(direction):
+            raise ValueError(f"{self.name} has no {direction} (it has {', '.join(self.directions)})")
         if direction == "fwdbwd":
             return self.rows_moved["fwd"] + self.rows_moved["bwd"]
         return self.rows_moved[direction]
 
+    def quantized_bytes(self, m: int, n: int) -> int:
+        """Bytes of the forward's FP8 outputs: q at one byte an element, the fp32 scales."""
+        per = {"fp8": m * n, "scale": m * (n // self.group_of(n)) * 4}
+        return sum(per.get(a.kind, 0) for a in self.fwd_outputs)
+
+
+# the FP8 ops' groupings: (record suffix, the group its cases pass (None: N), what the scales are)
+_GROUPINGS = (("token", None, "one scale per row"), ("g128", GROUP_BLOCK, f"one scale per 1 x {GROUP_BLOCK} block"))
 
 OPS: dict[str, Op] = {
     op.name: op
@@ -172,8 +225,47 @@ OPS: dict[str, Op] = {
             native=_native_add_rmsnorm,
             description="residual_out = x + residual (rounded to x's dtype); y = rmsnorm(residual_out)",
         ),
+        # FP8 output, forward only: one record per grouping (see the module docstring)
+        *(
+            Op(
+                name=f"rmsnorm_fp8_{grouping}",
+                fwd_args=(_rows("x"), _param("weight"), EPS, GROUP),
+                fwd_outputs=(_fp8("q"), _scale("scale"), _stat("rstd")),
+                bwd_args=(),
+                bwd_outputs=(),
+                reference_fwd=reference.rmsnorm_fp8_fwd,
+                reference_bwd=None,
+                inputs=("x", "weight"),
+                rows_moved={"fwd": 1},  # x read; q (1 byte) and the scales: quantized_bytes
+                directions=("fwd",),
+                contract="rmsnorm_fp8",
+                group=group,
+                description=f"y = rmsnorm(x) in fp32; q = e4m3fn(y / scale), {what}",
+            )
+            for grouping, group, what in _GROUPINGS
+        ),
+        *(
+            Op(
+                name=f"add_rmsnorm_fp8_{grouping}",
+                fwd_args=(_rows("x"), _rows("residual"), _param("weight"), EPS, GROUP),
+                fwd_outputs=(_fp8("q"), _scale("scale"), _rows("residual_out"), _stat("rstd")),
+                bwd_args=(),
+                bwd_outputs=(),
+                reference_fwd=reference.add_rmsnorm_fp8_fwd,
+                reference_bwd=None,
+                inputs=("x", "residual", "weight"),
+                rows_moved={"fwd": 3},  # x, residual read, residual_out written; q and the scales beside
+                directions=("fwd",),
+                contract="add_rmsnorm_fp8",
+                group=group,
+                description=f"residual_out = x + residual (rounded to x's dtype); q = e4m3fn(rmsnorm(residual_out) / scale), {what}",
+            )
+            for grouping, group, what in _GROUPINGS
+        ),
     )
 }
+# the FP8 ops' records, in the order an implementation lists them
+FP8_OPS = tuple(name for name, op in OPS.items() if op.quantized)
 
 
 WEIGHTS = ("same", "fp32", "offset")
@@ -185,6 +277,24 @@ def check_weights(name: str) -> str:
     if name not in WEIGHTS:
         raise ValueError(f"unknown weights variant '{name}'; known: {', '.join(WEIGHTS)}")
     return name
+
+
+def op_stems() -> tuple[str, ...]:
+    """The contract stems records share ("rmsnorm_fp8": its per-token and 1 x 128 records)."""
+    return tuple(dict.fromkeys(op.contract for op in OPS.values() if op.contract and op.contract not in OPS))
+
+
+def expand_ops(names) -> list[str]:
+    """Op names, a shared contract stem standing for each of its records, in the records' order."""
+    out = []
+    for name in names:
+        if name in OPS:
+            out.append(name)
+        elif name in op_stems():
+            out += [n for n, op in OPS.items() if op.contract == name]
+        else:
+            raise ValueError(f"unknown op '{name}'; known: {', '.join((*OPS, *op_stems()))}")
+    return list(dict.fromkeys(out))
 
 
 def get_op(name: str) -> Op:

@@ -10,6 +10,10 @@ LayerNorm: dx = rstd * (g - xhat * mean(g * xhat) - mean(g))         dw = sum_ro
 Add + RMSNorm: h = round_to_x_dtype(x + residual) (what the unfused model stores), y = RMSNorm(h);
 backward dh = RMSNorm's dx + dresidual_out (the gradient reaching h through the residual stream).
 
+FP8 output (forward only): the RMSNorm (or add + RMSNorm) y above, never rounded to x's dtype, then
+per group of ``group`` elements scale = max(amax|y|, floor) / 448 and q = e4m3fn(y / scale), round to
+nearest even, saturating (``harness.spec.fp8``); q comes back as its exact fp64 value.
+
 Inputs are the same low-precision tensors the kernels see, upcast to fp64; the backward reference
 uses its own fp64 statistics, while kernels are given those statistics rounded to fp32.
 """
@@ -17,6 +21,8 @@ uses its own fp64 statistics, while kernels are given those statistics rounded t
 from __future__ import annotations
 
 import torch
+
+from harness.spec.fp8 import quantize
 
 
 def _f64(t):
@@ -79,3 +85,15 @@ def add_rmsnorm_bwd(dy, dresidual_out, residual_out, weight, rstd):
     if dresidual_out is not None:
         dh = dh + _f64(dresidual_out)
     return dh, dw
+
+
+def rmsnorm_fp8_fwd(x, weight, eps, group):
+    y, rstd = rmsnorm_fwd(x, weight, eps)
+    q, scale = quantize(y, group)
+    return q, scale, rstd
+
+
+def add_rmsnorm_fp8_fwd(x, residual, weight, eps, group):
+    y, h, rstd = add_rmsnorm_fwd(x, residual, weight, eps)
+    q, scale = quantize(y, group)
+    return q, scale, h, rstd

@@ -4,7 +4,10 @@ A shape is the full shape of x; ``layout`` says how the row tensors are laid out
 "contiguous"; "column-slice" (each of them wider[:, :N], a view with row stride > N); or one side a
 column slice and the other contiguous, since the contract lets dy's row stride differ from x's:
 "dy-column-slice" (the gradients dy, dresidual_out sliced; x, residual contiguous) and
-"x-column-slice" (x, residual sliced; dy, dresidual_out contiguous).
+"x-column-slice" (x, residual sliced; dy, dresidual_out contiguous); "head-slice-P" (x and
+residual are (T, H, N) views of the first H heads of a contiguous (T, P, N) tensor, as q and k are
+views of a fused QKV projection's output: a token stride of P*N, not H*N, so no (T*H, N) view of them
+exists; the gradients contiguous, as attention's are).
 """
 
 from __future__ import annotations
@@ -18,10 +21,30 @@ SWEEP_N = (1024, 2048, 2880, 4096, 5120, 7168, 8192, 16384, 32768, 65536, 262144
 # 12288), an odd width (4001: no 16-byte vectors), and widths between the
 # sweep's wide points (10240, 24576, 49152, 131072).
 BETWEEN_N = (1536, 2304, 3072, 3584, 4001, 6144, 10240, 12288, 24576, 49152, 131072)
+# Small rows, at the sweep's bytes per point: QK-norm normalizes over head_dim (64-256) with M =
+# tokens x heads in the millions; per-head LayerNorm and small-hidden models.
+SMALL_N = (64, 128, 256, 512)
 COLUMN_SLICE_PAD = 24  # extra columns of the wider tensor a column-slice shape is cut from
-LAYOUTS = ("contiguous", "column-slice", "dy-column-slice", "x-column-slice")
+LAYOUTS = ("contiguous", "column-slice", "dy-column-slice", "x-column-slice", "head-slice-P")
+HEAD_SLICE = "head-slice-"
 # the drawn row tensors that are gradients (laid out by the "dy-" side of a layout)
 GRADIENTS = ("dy", "dresidual_out")
+
+
+def parent_heads(layout: str) -> int:
+    """P of a "head-slice-P" layout (the heads of the tensor the views are cut from), else 0."""
+    if not layout.startswith(HEAD_SLICE):
+        return 0
+    p = layout[len(HEAD_SLICE) :]
+    if not p.isdigit() or int(p) < 1:
+        raise ValueError(f"bad layout '{layout}': expected head-slice-P with P a positive integer")
+    return int(p)
+
+
+def head_sliced(layout: str, tensor: str) -> bool:
+    """Whether ``tensor`` is a per-head view of a wider (T, P, N) tensor (x and residual of a
+    "head-slice-P" layout)."""
+    return layout.startswith(HEAD_SLICE) and tensor not in GRADIENTS
 
 
 def sliced(layout: str, tensor: str) -> bool:
@@ -90,11 +113,25 @@ SHAPE_SETS: dict[str, tuple[Shape, ...]] = {
         # stride reads the wrong elements, or past dy's end
         Shape((24, 520), "dy-column-slice"),
         Shape((24, 520), "x-column-slice"),
+        # per-head views of a fused QKV tensor (rows at t * P * N + h * N): no (M, N) view exists
+        Shape((5, 3, 96), "head-slice-7"),
+        Shape((4, 2, 1003), "head-slice-5"),
     ),
     # The GPU ranking: equal bytes at every N, so each point moves the same data.
     "sweep": tuple(Shape((SWEEP_ELEMENTS // n, n)) for n in SWEEP_N),
     # Off the sweep's N, same bytes per point: performance between the tuned points.
     "between": tuple(Shape((SWEEP_ELEMENTS // n, n)) for n in BETWEEN_N),
+    # Small rows, same bytes per point.
+    "small": tuple(Shape((SWEEP_ELEMENTS // n, n)) for n in SMALL_N),
+    # QK-norm's inputs as a model holds them: q and k as (tokens, heads, head_dim) views of a fused
+    # QKV projection's output (Llama-3-8B: 32 q + 8 k + 8 v heads of 128; Qwen3-32B: 64 + 8 + 8 of
+    # 128), each beside the same shape made contiguous: the difference is what the strides cost.
+    # Only the views' own bytes count (the parent's other heads are never touched).
+    "perhead": tuple(
+        s
+        for t, h, p in ((32768, 32, 48), (32768, 8, 48), (16384, 64, 80), (16384, 8, 80))
+        for s in (Shape((t, h, 128), f"head-slice-{p}"), Shape((t, h, 128)))
+    ),
     # Latency-bound decode steps.
     "decode": tuple(Shape((m, n)) for m in (1, 16, 128) for n in (4096, 8192)),
 }
@@ -116,6 +153,10 @@ def parse_shape(text: str) -> Shape:
     if not dims or any(d < 0 for d in dims):
         raise ValueError(f"bad shape '{text}': dimensions must be non-negative integers")
     layout = layout or "contiguous"
-    if layout not in LAYOUTS:
+    if layout.startswith(HEAD_SLICE):
+        p = parent_heads(layout)
+        if len(dims) != 3 or p < dims[1]:
+            raise ValueError(f"bad shape '{text}': a head-slice-P shape is TxHxN with H <= P")
+    elif layout not in LAYOUTS:
         raise ValueError(f"bad layout '{layout}': expected {', '.join(LAYOUTS)}")
     return Shape(dims, layout)

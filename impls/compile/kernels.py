@@ -43,12 +43,17 @@ def _rms_fwd(x, w, eps):
     return y.to(x.dtype), rstd.squeeze(-1)
 
 
+def _rows(t):
+    """The dimensions a column reduction sums over: all but N (rows are (M, N) or per-head (T, H, N))."""
+    return tuple(range(t.dim() - 1))
+
+
 def _rms_bwd_f32(dy, x, w, rstd):
-    r = rstd.unsqueeze(-1)
+    r = rstd.view(x.shape[:-1]).unsqueeze(-1)
     xhat = x.float() * r
     g = dy.float() * w.float() if w is not None else dy.float()
     dx = r * (g - xhat * (g * xhat).mean(-1, keepdim=True))
-    dw = (dy.float() * xhat).sum(0).to(w.dtype) if w is not None else None
+    dw = (dy.float() * xhat).sum(_rows(dy)).to(w.dtype) if w is not None else None
     return dx, dw
 
 
@@ -83,13 +88,13 @@ def _ln_fwd(x, w, b, eps):
 
 
 def _ln_bwd(dy, x, w, mean, rstd):
-    r = rstd.unsqueeze(-1)
-    xhat = (x.float() - mean.unsqueeze(-1)) * r
+    r = rstd.view(x.shape[:-1]).unsqueeze(-1)
+    xhat = (x.float() - mean.view(x.shape[:-1]).unsqueeze(-1)) * r
     g = dy.float() * w.float() if w is not None else dy.float()
     dx = r * (g - xhat * (g * xhat).mean(-1, keepdim=True) - g.mean(-1, keepdim=True))
     pdtype = w.dtype if w is not None else x.dtype
-    dw = (dy.float() * xhat).sum(0).to(pdtype) if w is not None else None
-    return dx.to(x.dtype), dw, dy.float().sum(0).to(pdtype)
+    dw = (dy.float() * xhat).sum(_rows(dy)).to(pdtype) if w is not None else None
+    return dx.to(x.dtype), dw, dy.float().sum(_rows(dy)).to(pdtype)
 
 
 FORMULAS = {

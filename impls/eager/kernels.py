@@ -42,7 +42,9 @@ def _native(op: str, x: torch.Tensor):
     so the baseline is the same kernel with any nvidia-cutlass-dsl installed."""
     key = "CUDA" if x.is_cuda else "CPU"
     if op not in rms_norm_overrides(key):
-        return getattr(aten, op)
+        # torch's own binding where the op has one: the same dispatch as aten.<op>, without the
+        # overload resolution that torch.ops' Python packet runs on every call
+        return getattr(torch, op, None) or getattr(aten, op)
     kernel = _NATIVE.get((op, key))
     if kernel is None:
         from torch._native import registry
@@ -66,7 +68,8 @@ def rmsnorm_fwd(x, weight, eps):
         rstd = torch.rsqrt(x.float().square().mean(-1, keepdim=True) + eps)
         return (x.float() * rstd * weight.float()).to(x.dtype), rstd.reshape(-1)
     y, rstd = _native("_fused_rms_norm", x)(x, [x.shape[-1]], weight, eps)
-    return y, rstd.reshape(-1).float()
+    # (M, 1), fp32 as ATen computes it for every dtype here: .float() would be one more op call
+    return y, rstd.view(-1) if rstd.dtype == torch.float32 else rstd.reshape(-1).float()
 
 
 def _has_fused_rms_bwd(device: torch.device) -> bool:
@@ -107,7 +110,7 @@ def layernorm_fwd(x, weight, bias, eps):
         y = (x.float() - mean) * rstd * weight.float()
         y = y + bias.float() if bias is not None else y
         return y.to(x.dtype), mean.reshape(-1), rstd.reshape(-1)
-    y, mean, rstd = aten.native_layer_norm(x, [x.shape[-1]], weight, bias, eps)
+    y, mean, rstd = torch.native_layer_norm(x, [x.shape[-1]], weight, bias, eps)  # aten's, bound directly
     if not x.is_cuda:
         # ATen's CPU kernel returns the statistics in x's dtype (the contract wants fp32), and on
         # wide rows whose variance overflows it returns rstd = 0 and y = bias where its narrow-row

@@ -6,14 +6,27 @@ vector width, the 32-thread warp and the register file of an SM, the same on eve
 since Volta, not on SM counts or clocks):
 
 * ``vec`` = 16 bytes / element size: each thread loads and stores 128-bit vectors (8 bf16/fp16
-  or 4 fp32 elements), the widest global access there is.
+  or 4 fp32 elements), the widest global access there is, where N allows: a row whose bytes are
+  not a multiple of 16 (N = 4001) cannot start every row on a 16-byte boundary, so its vector is
+  the widest power of two dividing N (one element for an odd N), and the lanes of a warp then
+  cover consecutive elements: each load instruction of the warp reads one contiguous run of the
+  row. A 16-byte layout over such a row would issue one narrow access per element, 8 per lane,
+  each spread over 512 bytes.
 * threads along N first: ``width / vec`` threads cover a row with one vector each; a warp spans
   up to 32 of them, and rows narrower than a warp share it (``threads_per_warp = [32 / t, t]``),
   so that a warp never idles on padding when N is small.
 * warps along N for wide rows, one per 2 vectors of the row per lane (``threads_n / 64``), at
   most 16: every thread then holds 2-4 vectors of the row (16-64 fp32 registers) and the row
-  reduction crosses at most 16 warps through shared memory once. Narrow rows get 4 warps, the
-  spare ones along M (``warps_per_cta = [4 / warps_n, warps_n]``): a program moves several rows.
+  reduction crosses at most 16 warps through shared memory once. A narrower vector takes as
+  many warps as give each lane one 16-byte vector's worth of elements: each element is then its
+  own access with its own 64-bit address, and more per lane spill or starve the backward's
+  occupancy. Narrow rows get 4 warps, the spare ones along M (``warps_per_cta = [4 / warps_n,
+  warps_n]``): a program moves several rows.
+* small rows (at most ``SMALL_ROW_VECS`` vectors, 1 KB of 16-bit x: QK-norm's head_dim, small
+  models): a lane holds ``LANE_VECS`` vectors of its row, so fewer lanes share a row and its
+  reduction takes fewer shuffles, and the tile repeats the layout along M (``reps``) until each
+  thread holds ``THREAD_VECS`` vectors of x: one program moves tens of rows, enough bytes in
+  flight per thread without a grid of a million tiny programs.
 * the row stays in registers up to ``FWD_ROW_BYTES`` of x (forward: 32768 16-bit elements, 64
   fp32 registers per thread at 16 warps; ptxas for sm_90a fits them in its 128-register cap
   without spilling, where 32768 fp32 elements spill) and ``BWD_ROW_MAX`` elements (backward: x,
@@ -21,8 +34,10 @@ since Volta, not on SM counts or clocks):
   spills 4-52 bytes per thread in a few fp32 / wide LayerNorm cases, an L1-resident cost far below
   the row-sums pass a narrower limit would add): wider rows are walked in chunks
   (forward, two passes over the row, the second from L2) or cut into column slices (backward).
-* the persistent backward grid fills each SM with up to 2048 threads of programs (the thread
-  limit of an SM from Volta to Hopper), so the grid follows the GPU's SM count at run time.
+* the persistent backward grid is as many programs as the SMs hold at once: kernels.py reads the
+  compiled binary's registers and shared memory and counts the programs an SM keeps resident
+  (``resident_programs``), so that no program waits for a second wave; without a binary to read
+  (compile-only), up to 2048 threads of programs per SM (the thread limit from Volta to Hopper).
 """
 
 from __future__ import annotations
@@ -38,6 +53,17 @@ BWD_ROW_MAX = 8192  # backward: x, dy and the dw/db accumulators, 16 per thread 
 FWD_CHUNK = 8192  # column chunk of the forward's wide-row path
 BWD_SLICE = 8192  # column slice of the backward's wide-row path
 THREADS_PER_SM = 2048
+REGISTERS_PER_SM = 65536
+REGISTER_UNIT = 256  # registers are allocated per warp in units of 256
+SHARED_PER_SM = 228 * 1024  # bytes of shared memory per SM (Hopper), 1 KB of it reserved per program
+PROGRAMS_PER_SM = 32
+SMALL_ROW_VECS = 64  # rows of at most this many vectors (1 KB of 16-bit x) take the small-row tile
+LANE_VECS = 2  # small rows: vectors of a row per lane
+THREAD_VECS = {"fwd": 4, "bwd": 2}  # small rows: vectors of x per thread per tile
+# Narrower vectors: elements of a row per lane (None: one 16-byte vector's worth). Fewer warps per
+# row (more elements per lane) were faster at N = 4001 on an H100 but are not checked on a GPU
+# yet: docs/kernels/gluon.md.
+NARROW_ELEMENTS = None
 
 
 def next_pow2(n: int) -> int:
@@ -52,10 +78,11 @@ class Tile:
     vec: int
     threads: tuple[int, int]  # threads_per_warp, [M, N]
     warps: tuple[int, int]  # warps_per_cta, [M, N]
+    reps: int = 1  # the layout repeated along M: rows per thread
 
     @property
     def rows(self) -> int:
-        return self.threads[0] * self.warps[0]
+        return self.threads[0] * self.warps[0] * self.reps
 
     @property
     def num_warps(self) -> int:
@@ -67,14 +94,30 @@ class Tile:
         return gl.BlockedLayout([1, self.vec], list(self.threads), list(self.warps), [1, 0])
 
 
-def tile(width: int, elem_size: int) -> Tile:
-    """The layout rules above, for a tile ``width`` (a power of two) columns wide."""
+def vector(n: int, elem_size: int) -> int:
+    """Elements per vector access for rows of n elements: 16 bytes, or the widest power of two
+    that divides n (every row then starts on a vector boundary)."""
+    return min(VECTOR_BYTES // elem_size, n & -n)
+
+
+def tile(width: int, elem_size: int, vec: int | None = None, direction: str | None = None) -> Tile:
+    """The layout rules above, for a tile ``width`` (a power of two) columns wide, of ``vec``
+    elements per access (16 bytes when not given); the small-row tile only for a norm's
+    ``direction`` ("fwd" or "bwd")."""
     if width & (width - 1):
         raise ValueError(f"tile width must be a power of two, got {width}")
-    vec = min(VECTOR_BYTES // elem_size, width)
+    full = min(VECTOR_BYTES // elem_size, width)
+    vec = min(vec or full, width)
     threads_n = width // vec
+    if direction is not None and threads_n <= SMALL_ROW_VECS and vec == full:
+        lanes = min(WARP, max(1, threads_n // LANE_VECS))
+        reps = max(1, THREAD_VECS[direction] * lanes // threads_n)
+        return Tile(width, vec, (WARP // lanes, lanes), (MIN_WARPS, 1), reps)
     tpw_n = min(WARP, threads_n)
-    warps_n = min(max(threads_n // (2 * WARP), 1), MAX_WARPS)
+    # 16-byte vectors: two per lane; narrower ones: a lane holds one 16-byte vector's elements
+    # (each a separate access, with its own 64-bit address: more would spill or starve occupancy)
+    per_lane = 2 if vec == full else (NARROW_ELEMENTS or full) // vec
+    warps_n = min(max(threads_n // (per_lane * WARP), 1), MAX_WARPS)
     warps = max(warps_n, MIN_WARPS)
     return Tile(width, vec, (WARP // tpw_n, tpw_n), (warps // warps_n, warps_n))
 
@@ -99,11 +142,24 @@ def plan(direction: str, n: int, elem_size: int) -> Plan:
         raise ValueError(f"N must be >= 1, got {n}")
     limit, piece = (FWD_ROW_BYTES // elem_size, FWD_CHUNK) if direction == "fwd" else (BWD_ROW_MAX, BWD_SLICE)
     width = next_pow2(n)
+    vec = vector(n, elem_size)
     if width <= limit:
-        return Plan(tile(width, elem_size), 1)
-    return Plan(tile(piece, elem_size), -(-n // piece))
+        return Plan(tile(width, elem_size, vec, direction), 1)
+    return Plan(tile(piece, elem_size, vec, direction), -(-n // piece))
 
 
 def programs_per_sm(t: Tile) -> int:
-    """Resident programs per SM for the persistent backward: as many as fill its threads."""
+    """Resident programs per SM for the persistent backward without a binary to read: as many as
+    fill its threads."""
     return max(1, THREADS_PER_SM // (t.num_warps * WARP))
+
+
+def resident_programs(num_warps: int, registers: int, shared: int) -> int:
+    """Programs of ``num_warps`` warps, ``registers`` per thread and ``shared`` bytes of shared
+    memory that one SM holds at once (the limits of sm_80 to sm_90: threads, registers allocated
+    per warp in units of 256, shared memory, 32 programs)."""
+    per_warp = -(-max(registers, 1) * WARP // REGISTER_UNIT) * REGISTER_UNIT
+    by_registers = REGISTERS_PER_SM // (per_warp * num_warps)
+    by_threads = THREADS_PER_SM // (num_warps * WARP)
+    by_shared = SHARED_PER_SM // (shared + 1024)
+    return max(1, min(by_registers, by_threads, by_shared, PROGRAMS_PER_SM))

@@ -45,6 +45,11 @@ def launches(op: str, direction: str, choice: configs.Pinned, args: tuple) -> li
             args = (args[0], None, *args[1:])
     if direction == "fwd":
         return [(getattr(kernels, f"{family}_fwd_kernel"), choice.config, args)]
+    if choice.kernel == f"{family}_bwd_heads":
+        # the kernel over (T, H, N) rows takes (M, N) rows as (M, 1, N), the statistics as (M, 1)
+        weight = 3 if family == "rmsnorm" else 2  # (dy, dresidual, x, weight, rstd) or (dy, x, weight, mean, rstd)
+        heads = tuple(a if i == weight or a is None else a[:, None] for i, a in enumerate(args))
+        return [(getattr(kernels, choice.kernel), configs.heads_config(choice, 1), heads)]
     if choice.kernel != f"{family}_bwd_split":
         return [(getattr(kernels, choice.kernel), choice.config, args)]
     row_stats = args[-1]  # the per-row sums are (M,) fp32, like the statistics

@@ -39,6 +39,11 @@ one more compile per distinct block. The tuner turns this off (``FEW_ROWS_RULE``
 candidate on a few rows with exactly the binary that it then times on the full M, where the rule
 would not act anyway.
 
+Per-head views ((T, H, N) rows, ``kernels.py``): the kernels over tokens and heads run the config
+pinned for rows of N, reshaped by ``heads_config``: the same rows per program and per step, as
+many of them heads as H allows. Their block sizes count tokens and heads, so one config serves
+every (T, H) of a model without a table of its own.
+
 On the CPU nothing is compiled: ``launch()`` runs the same kernel code in Helion's eager reference
 mode (what HELION_INTERPRET=1 selects; here it is chosen by the tensors' device, so it does not
 matter what the environment said when this package was imported), and configs play no part.
@@ -91,10 +96,16 @@ def _next_pow2(n: int) -> int:
     return 1 << max(0, n - 1).bit_length()
 
 
+def walks_rows(kernel: str) -> bool:
+    """Whether a kernel's first two block sizes are rows per program and rows per step: the
+    resident backwards (``*_bwd_resident``, and ``*_bwd_heads`` on (M, 1, N) rows)."""
+    return kernel.endswith(("_bwd_resident", "_bwd_heads"))
+
+
 def for_rows(choice: Pinned, m: int, sms: int) -> Pinned:
     """``choice`` for a matrix of m rows on a GPU of ``sms`` SMs: the resident backward's rows per
     program shrunk, when the tuned block leaves SMs without a program (see the module docstring)."""
-    if not choice.kernel.endswith("_bwd_resident"):
+    if not walks_rows(choice.kernel):
         return choice
     rows, step = choice.config["block_sizes"][:2]
     if -(-m // rows) >= sms:
@@ -221,28 +232,56 @@ def fused_pinned(entry: str, n: int, dtype: str, gpu: str, capability, rows: flo
 
 
 def choose(entry: str, x: torch.Tensor, rows: float = 1.0) -> Pinned:
-    """The pinned choice for ``entry`` on inputs like ``x`` (M, N). ``rows``: the row tensors the
-    kernel stages per row, over what the entry was tuned with: the fused add's backward stages
-    dresidual_out beside dy and residual_out (1.5), so it may take the config of rows 1.5x as long, as
-    fp32 takes that of rows twice as long, where that is measured to pay (``fused_pinned``)."""
-    key = (entry, x.dtype, x.shape[1], x.device, rows)
+    """The pinned choice for ``entry`` on inputs like ``x`` ((M, N), or (T, H, N): M = T * H rows).
+    ``rows``: the row tensors the kernel stages per row, over what the entry was tuned with: the
+    fused add's backward stages dresidual_out beside dy and residual_out (1.5), so it may take the
+    config of rows 1.5x as long, as fp32 takes that of rows twice as long, where that is measured to
+    pay (``fused_pinned``)."""
+    n = x.shape[-1]
+    key = (entry, x.dtype, n, x.device, rows)
     choice = _CHOICE.get(key)
     if choice is None:
         if x.device.type != "cuda":
             # Eager reference mode runs kernel bodies as PyTorch ops on whole tensors: block sizes
             # play no part; take the variant the default would.
-            choice = _CHOICE[key] = default_config(entry, x.shape[1])
+            choice = _CHOICE[key] = default_config(entry, n)
         else:
             gpu = torch.cuda.get_device_name(x.device)
-            choice = _CHOICE[key] = fused_pinned(entry, x.shape[1], DTYPE_NAMES[x.dtype], gpu, capability_of(x.device), rows)
-    if x.device.type != "cuda" or not FEW_ROWS_RULE or not choice.kernel.endswith("_bwd_resident"):
+            choice = _CHOICE[key] = fused_pinned(entry, n, DTYPE_NAMES[x.dtype], gpu, capability_of(x.device), rows)
+    if x.device.type != "cuda" or not FEW_ROWS_RULE or not walks_rows(choice.kernel):
         return choice
-    few_key = (*key, x.shape[0])
+    m = x.shape[0] if x.dim() == 2 else x.numel() // max(n, 1)
+    few_key = (*key, m)
     if few_key not in _FEW_ROWS:
         if x.device not in _SMS:
             _SMS[x.device] = torch.cuda.get_device_properties(x.device).multi_processor_count
-        _FEW_ROWS[few_key] = for_rows(choice, x.shape[0], _SMS[x.device])
+        _FEW_ROWS[few_key] = for_rows(choice, m, _SMS[x.device])
     return _FEW_ROWS[few_key]
+
+
+def heads_config(choice: Pinned, h: int) -> dict:
+    """``choice``'s config (for rows of N) for the kernels over (T, H, N) rows (``*_heads``), whose
+    block sizes count tokens and heads: the same rows per program and per step, as many of them
+    heads (up to H, a power of two) as fit; the loops' settings of the resident backward's two row
+    loops kept, the heads loop's left at Helion's default. A ``*_heads`` config of H = 1 (the small
+    rows' own, (M, 1, N)) comes back as it is."""
+    config = dict(choice.config)
+    heads = _next_pow2(h)
+    blocks = config["block_sizes"]
+    if choice.kernel.endswith("_heads") and blocks[2:] == [1] and h == 1:
+        return config
+    if "_fwd" in choice.kernel:
+        per_tile = min(heads, blocks[0])
+        config["block_sizes"] = [max(1, blocks[0] // per_tile), per_tile]
+        return config
+    rows, step = blocks[0], blocks[1]
+    per_step = min(heads, step)
+    tokens_per_step = max(1, step // per_step)
+    config["block_sizes"] = [max(tokens_per_step, rows // heads), tokens_per_step, per_step]
+    for key, value in config.items():
+        if key.startswith("range_") and isinstance(value, list):
+            config[key] = [*value[:2], *([0] * (3 - len(value[:2])))]
+    return config
 
 
 def source(op: str, direction: str, n: int, dtype: str, device) -> str:
@@ -260,9 +299,23 @@ def _arg_key(a):
     return a if a is None else type(a)
 
 
+# id of a config dict -> (the dict, its JSON): a launch keys its compiled function by the config's
+# content without serialising it on every call. The entry holds the dict, so its id stays its own.
+_CONFIG_TEXT: dict[int, tuple[dict, str]] = {}
+
+
+def _config_text(config: dict) -> str:
+    hit = _CONFIG_TEXT.get(id(config))
+    if hit is None or hit[0] is not config:
+        if len(_CONFIG_TEXT) >= 1024:  # configs made per call (heads_config) would pile up
+            _CONFIG_TEXT.clear()
+        hit = _CONFIG_TEXT[id(config)] = (config, json.dumps(config, sort_keys=True))
+    return hit[1]
+
+
 def launch(kernel: Kernel, config: dict, *args):
     """Run ``kernel`` on ``args`` with ``config`` pinned (compiled on first use, never tuned)."""
-    key = (kernel.name, json.dumps(config, sort_keys=True), *map(_arg_key, args))
+    key = (kernel.name, _config_text(config), *map(_arg_key, args))
     run = _COMPILED.get(key)
     if run is None:
         if args[0].device.type != "cuda":

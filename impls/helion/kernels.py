@@ -60,8 +60,22 @@ The backward comes in two shapes; the pinned config says which one a row length 
   the rows, and the partials stay small. dresidual is read by the second kernel only, where dx is
   formed.
 
+* ``*_bwd_heads``, the resident backward over (T, H, N) rows, tiled over tokens and heads, whose
+  dw (and db) accumulate per row of the step ([tokens, heads, N] in fp32 registers) and are
+  summed over the rows once per program. The small rows' configs pin it (an (M, N) matrix runs as
+  (M, 1, N)): the resident kernel's sum over the step's rows every step is a reduction across
+  warps through shared memory, which for rows of 64-512 elements costs more than the step's loads.
+
 Either way the fp32 partial rows are summed after the kernel in fp32 and cast once: deterministic,
 no atomics.
+
+Per-head views (``row_views``): q and k of a fused QKV projection are (T, H, N) views whose token
+stride spans all P heads, so no (M, N) view of their rows exists. The kernels ``*_fwd_heads`` and
+``*_bwd_heads`` tile such a tensor over its two leading dims, each with its own stride (Helion
+passes every stride), and read it in place; they run the config pinned for rows of N with its rows
+per program and per step spread over tokens and heads (``configs.heads_config``). Their outputs are
+(T, H, N), their statistics (T, H), returned as (M,). Rows too wide to stay resident in the
+backward (the split kernels) are copied to (M, N) first.
 
 Row means are written ``torch.sum(...) / n``, not ``torch.mean``: in a kernel that also holds an
 [n]-sized accumulator, Helion 1.4 and 1.5 divide a ``torch.mean`` by the row length padded to a
@@ -76,7 +90,7 @@ import helion.language as hl
 import torch
 from triton.runtime.errors import OutOfResources
 
-from .configs import FUSED_ADD_ROWS, choose, launch
+from .configs import FUSED_ADD_ROWS, choose, heads_config, launch
 from .imports import RefMode, kernel
 
 __all__ = ["rmsnorm_fwd", "rmsnorm_bwd", "layernorm_fwd", "layernorm_bwd", "add_rmsnorm_fwd", "add_rmsnorm_bwd"]
@@ -197,14 +211,107 @@ def rmsnorm_bwd_split(
     return dx, dw_partial
 
 
+@kernel(**COMPILED)
+def rmsnorm_fwd_heads(
+    x: torch.Tensor,
+    residual: torch.Tensor | None,
+    residual_out: torch.Tensor | None,
+    weight: torch.Tensor | None,
+    eps: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """rmsnorm_fwd_kernel over (T, H, N) rows, tiled over tokens and heads (see the module docstring)."""
+    t, h, n = x.size()
+    n = hl.specialize(n)
+    y = torch.empty([t, h, n], dtype=x.dtype, device=x.device)
+    rstd = torch.empty([t, h], dtype=torch.float32, device=x.device)
+    for tokens, heads in hl.tile([t, h]):
+        xf = x[tokens, heads, :].to(torch.float32)
+        if residual is not None:
+            hs = (xf + residual[tokens, heads, :].to(torch.float32)).to(x.dtype)
+            residual_out[tokens, heads, :] = hs
+            xf = hs.to(torch.float32)
+        ms = torch.sum(xf * xf, dim=-1) / n
+        rstd_rows = torch.where(ms < float("inf"), torch.rsqrt(ms + eps), float("nan"))
+        yf = xf * rstd_rows[:, :, None]
+        if weight is not None:
+            yf = yf * weight[None, None, :].to(torch.float32)
+        y[tokens, heads, :] = yf.to(x.dtype)
+        rstd[tokens, heads] = rstd_rows
+    return y, rstd
+
+
+@kernel(**COMPILED)
+def rmsnorm_bwd_heads(
+    dy: torch.Tensor, dresidual: torch.Tensor | None, x: torch.Tensor, weight: torch.Tensor | None, rstd: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The resident backward over (T, H, N) rows (rstd: (T, H)), its dw accumulated per row of the
+    step and summed over them once per program (see the module docstring)."""
+    t, h, n = x.size()
+    n = hl.specialize(n)
+    tokens_per_program = hl.register_block_size(t)
+    tokens_per_step = hl.register_block_size(t)
+    heads_per_step = hl.register_block_size(h)
+    dx = torch.empty([t, h, n], dtype=x.dtype, device=x.device)
+    dw_partial = torch.empty(
+        [(t + tokens_per_program - 1) // tokens_per_program, n], dtype=torch.float32, device=x.device
+    )
+    for block in hl.tile(t, block_size=tokens_per_program):
+        dw_acc = hl.zeros([tokens_per_step, heads_per_step, n], dtype=torch.float32)
+        for tokens, heads in hl.tile([block.begin, 0], [block.end, h], block_size=[tokens_per_step, heads_per_step]):
+            rstd_rows = rstd[tokens, heads][:, :, None]
+            xhat = x[tokens, heads, :].to(torch.float32) * rstd_rows
+            dyf = dy[tokens, heads, :].to(torch.float32)
+            g = dyf
+            if weight is not None:
+                g = dyf * weight[None, None, :].to(torch.float32)
+            c = torch.sum(g * xhat, dim=-1) / n
+            dxf = (g - xhat * c[:, :, None]) * rstd_rows
+            if dresidual is not None:
+                dxf = dxf + dresidual[tokens, heads, :].to(torch.float32)
+            dx[tokens, heads, :] = dxf.to(x.dtype)
+            dw_acc = dw_acc + dyf * xhat
+        dw_partial[block.id, :] = torch.sum(torch.sum(dw_acc, dim=0), dim=0)
+    return dx, dw_partial
+
+
 def add_rmsnorm_fwd(x, residual, weight, eps):
     residual_out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    if x.dim() == 3:
+        y, rstd = _fwd_heads(rmsnorm_fwd_heads, "rmsnorm_fwd", x, residual, residual_out, weight, eps)
+        return y, residual_out, rstd
     y, rstd = launch(rmsnorm_fwd_kernel, choose("rmsnorm_fwd", x).config, x, residual, residual_out, weight, eps)
     return y, residual_out, rstd
 
 
 def rmsnorm_fwd(x, weight, eps):
+    if x.dim() == 3:
+        return _fwd_heads(rmsnorm_fwd_heads, "rmsnorm_fwd", x, None, None, weight, eps)
     return launch(rmsnorm_fwd_kernel, choose("rmsnorm_fwd", x).config, x, None, None, weight, eps)
+
+
+def _fwd_heads(kernel, entry, x, *args):
+    """A forward over (T, H, N) rows: the config pinned for rows of N, its rows per program spread
+    over tokens and heads; the statistics returned as (T * H,)."""
+    y, *stats = launch(kernel, heads_config(choose(entry, x), x.shape[1]), x, *args)
+    return (y, *(s.view(-1) for s in stats))
+
+
+def _as_heads(*rows):
+    """(M, N) row tensors as (M, 1, N) views, for the kernels over (T, H, N) rows; None stays."""
+    return tuple(None if r is None else r[:, None] for r in rows)
+
+
+def _rms_bwd_heads(choice, dy, dresidual_out, x, weight, rstd):
+    """rmsnorm_bwd_heads on (T, H, N) rows, or on (M, N) rows as (M, 1, N) (dx then (M, N))."""
+    flat = x.dim() == 2
+    if flat:
+        dy, dresidual_out, x = _as_heads(dy, dresidual_out, x)
+    t, h, n = x.shape
+    dx, dw_partial = launch(
+        rmsnorm_bwd_heads, heads_config(choice, h), dy, dresidual_out, x, weight, rstd.view(t, h)
+    )
+    dw = dw_partial.sum(0).to(weight.dtype) if weight is not None else None
+    return (dx.view(t, n) if flat else dx), dw
 
 
 # (N, dtype, device, with dresidual_out) -> the row factor whose config fits (see add_rmsnorm_bwd)
@@ -215,6 +322,13 @@ def add_rmsnorm_bwd(dy, dresidual_out, residual_out, weight, rstd):
     """A config tuned for RMSNorm's two row tensors can ask more shared memory than the fused
     backward's three get (fp32 rows, for one): then the config of rows twice as long is taken, down
     to the column-split kernel, and remembered per N and dtype."""
+    if residual_out.dim() == 3:  # (T, H, N) rows: read in place, unless too wide to stay resident
+        choice = choose("rmsnorm_bwd", residual_out)
+        if choice.kernel != rmsnorm_bwd_split.name:
+            return _rms_bwd_heads(choice, dy, dresidual_out, residual_out, weight, rstd)
+        n = residual_out.shape[-1]
+        dy, residual_out = dy.reshape(-1, n), residual_out.reshape(-1, n)
+        dresidual_out = None if dresidual_out is None else dresidual_out.reshape(-1, n)
     key = (residual_out.shape[-1], residual_out.dtype, residual_out.device, dresidual_out is not None)
     rows = _FITS.get(key, FUSED_ADD_ROWS["bwd"] if dresidual_out is not None else 1.0)
     failed = None
@@ -232,6 +346,8 @@ def add_rmsnorm_bwd(dy, dresidual_out, residual_out, weight, rstd):
 
 
 def _bwd(choice, dy, dresidual_out, x, weight, rstd):
+    if choice.kernel == rmsnorm_bwd_heads.name:
+        return _rms_bwd_heads(choice, dy, dresidual_out, x, weight, rstd)
     if choice.kernel == rmsnorm_bwd_split.name:
         c = launch(rmsnorm_bwd_row_sums, choice.first_pass, dy, x, weight, rstd)
         dx, dw_partial = launch(rmsnorm_bwd_split, choice.config, dy, dresidual_out, x, weight, rstd, c)
@@ -357,13 +473,89 @@ def layernorm_bwd_split(
     return dx, dw_partial, db_partial
 
 
+@kernel(**COMPILED)
+def layernorm_fwd_heads(
+    x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None, eps: float
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """layernorm_fwd_kernel over (T, H, N) rows, tiled over tokens and heads."""
+    t, h, n = x.size()
+    n = hl.specialize(n)
+    y = torch.empty([t, h, n], dtype=x.dtype, device=x.device)
+    mean = torch.empty([t, h], dtype=torch.float32, device=x.device)
+    rstd = torch.empty([t, h], dtype=torch.float32, device=x.device)
+    for tokens, heads in hl.tile([t, h]):
+        xf = x[tokens, heads, :].to(torch.float32)
+        mean_rows = torch.sum(xf, dim=-1) / n
+        xc = xf - mean_rows[:, :, None]
+        var = torch.sum(xc * xc, dim=-1) / n
+        rstd_rows = torch.where(var < float("inf"), torch.rsqrt(var + eps), float("nan"))
+        yf = xc * rstd_rows[:, :, None]
+        if weight is not None:
+            yf = yf * weight[None, None, :].to(torch.float32)
+        if bias is not None:
+            yf = yf + bias[None, None, :].to(torch.float32)
+        y[tokens, heads, :] = yf.to(x.dtype)
+        mean[tokens, heads] = mean_rows
+        rstd[tokens, heads] = rstd_rows
+    return y, mean, rstd
+
+
+@kernel(**COMPILED)
+def layernorm_bwd_heads(
+    dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None, mean: torch.Tensor, rstd: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """layernorm_bwd_resident over (T, H, N) rows (mean, rstd: (T, H)), dw and db accumulated per
+    row of the step and summed over them once per program."""
+    t, h, n = x.size()
+    n = hl.specialize(n)
+    tokens_per_program = hl.register_block_size(t)
+    tokens_per_step = hl.register_block_size(t)
+    heads_per_step = hl.register_block_size(h)
+    dx = torch.empty([t, h, n], dtype=x.dtype, device=x.device)
+    programs = (t + tokens_per_program - 1) // tokens_per_program
+    dw_partial = torch.empty([programs, n], dtype=torch.float32, device=x.device)
+    db_partial = torch.empty([programs, n], dtype=torch.float32, device=x.device)
+    for block in hl.tile(t, block_size=tokens_per_program):
+        dw_acc = hl.zeros([tokens_per_step, heads_per_step, n], dtype=torch.float32)
+        db_acc = hl.zeros([tokens_per_step, heads_per_step, n], dtype=torch.float32)
+        for tokens, heads in hl.tile([block.begin, 0], [block.end, h], block_size=[tokens_per_step, heads_per_step]):
+            rstd_rows = rstd[tokens, heads][:, :, None]
+            xhat = (x[tokens, heads, :].to(torch.float32) - mean[tokens, heads][:, :, None]) * rstd_rows
+            dyf = dy[tokens, heads, :].to(torch.float32)
+            g = dyf
+            if weight is not None:
+                g = dyf * weight[None, None, :].to(torch.float32)
+            c_xhat = torch.sum(g * xhat, dim=-1) / n
+            c_mean = torch.sum(g, dim=-1) / n
+            dxf = (g - c_mean[:, :, None] - xhat * c_xhat[:, :, None]) * rstd_rows
+            dx[tokens, heads, :] = dxf.to(x.dtype)
+            dw_acc = dw_acc + dyf * xhat
+            db_acc = db_acc + dyf
+        dw_partial[block.id, :] = torch.sum(torch.sum(dw_acc, dim=0), dim=0)
+        db_partial[block.id, :] = torch.sum(torch.sum(db_acc, dim=0), dim=0)
+    return dx, dw_partial, db_partial
+
+
 def layernorm_fwd(x, weight, bias, eps):
+    if x.dim() == 3:
+        return _fwd_heads(layernorm_fwd_heads, "layernorm_fwd", x, weight, bias, eps)
     return launch(layernorm_fwd_kernel, choose("layernorm_fwd", x).config, x, weight, bias, eps)
 
 
 def layernorm_bwd(dy, x, weight, mean, rstd):
     choice = choose("layernorm_bwd", x)
-    if choice.kernel == layernorm_bwd_split.name:
+    if choice.kernel == layernorm_bwd_heads.name or (x.dim() == 3 and choice.kernel != layernorm_bwd_split.name):
+        flat = x.dim() == 2
+        if flat:
+            dy, x = _as_heads(dy, x)
+        t, h, n = x.shape
+        dx, dw_partial, db_partial = launch(
+            layernorm_bwd_heads, heads_config(choice, h), dy, x, weight, mean.view(t, h), rstd.view(t, h)
+        )
+        dx = dx.view(t, n) if flat else dx
+    elif choice.kernel == layernorm_bwd_split.name:
+        if x.dim() == 3:  # too wide to stay resident: the (M, N) kernels, on a copy
+            dy, x = dy.reshape(-1, x.shape[-1]), x.reshape(-1, x.shape[-1])
         c_xhat, c_mean = launch(layernorm_bwd_row_sums, choice.first_pass, dy, x, weight, mean, rstd)
         dx, dw_partial, db_partial = launch(
             layernorm_bwd_split, choice.config, dy, x, weight, mean, rstd, c_xhat, c_mean

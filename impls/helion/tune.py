@@ -30,6 +30,7 @@ from . import configs
 from .configs import Pinned
 
 MAX_CANDIDATES = 13  # the fallback and up to 12 derived configs
+SMALL_ROWS = 512  # rows up to this long: the small-row candidates (tens of rows per step)
 ELEMENT_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
 TENSORS_MOVED = {"fwd": 2, "bwd": 3}  # fwd: x in, y out; bwd: x and dy in, dx out
 
@@ -47,7 +48,9 @@ def candidates(entry: str, m: int, n: int, sms: int) -> list[Pinned]:
     around whole rows in registers with
     8-64 fp32 values per thread and a few programs per SM (plus software pipelining or unrolling of
     the backward's row loop); for wide rows, column chunks of 4K-32K elements (forward) or the split
-    backward with 64-256 rows x 512-2048 columns per program."""
+    backward with 64-256 rows x 512-2048 columns per program. Small rows (N <= ``SMALL_ROWS``):
+    forward tiles of 4K-16K elements; the backward over (M, 1, N) rows (``*_bwd_heads``) with steps
+    of 2K-8K elements, before the resident ones."""
     op, direction = entry.split("_")
     width = 1 << max(0, n - 1).bit_length()
     # The fallback is always a candidate, first (never cut by MAX_CANDIDATES): a tuned entry must
@@ -62,7 +65,11 @@ def candidates(entry: str, m: int, n: int, sms: int) -> list[Pinned]:
             out.append(p)
 
     if direction == "fwd":
-        if width <= 16384:
+        if width <= SMALL_ROWS:
+            for elements in (4096, 8192, 16384):
+                for warps in (4, 8):
+                    add("fwd_kernel", block_sizes=[elements // width], reduction_loops=[None], num_warps=warps)
+        elif width <= 16384:
             for elements in (max(width, 4096), 2 * max(width, 4096)):
                 for per_thread in (8, 16, 32, 64):
                     warps = elements // (32 * per_thread)
@@ -76,6 +83,18 @@ def candidates(entry: str, m: int, n: int, sms: int) -> list[Pinned]:
                     add("fwd_kernel", block_sizes=[1], reduction_loops=[chunk], num_warps=_warps(chunk, per_thread))
         return out[:MAX_CANDIDATES]
 
+    if width <= SMALL_ROWS:
+        # Small rows (QK-norm's head_dim): the kernel over (M, 1, N) rows, whose dw accumulates per
+        # row of the step (no sum across warps per step); 2K-8K elements a step, a few hundred
+        # rows per program.
+        for step_elements in (2048, 4096, 8192):
+            step = step_elements // width
+            few = max(step, _pow2_floor(m // (4 * sms)))
+            for warps in (4, 8):
+                add("bwd_heads", block_sizes=[few, step, 1], num_warps=warps)
+        step = 4096 // width
+        add("bwd_heads", block_sizes=[max(step, _pow2_floor(m // (16 * sms))), step, 1], num_warps=4)
+        add("bwd_heads", block_sizes=[max(step, _pow2_floor(m // (4 * sms))), step, 1], num_warps=4, range_num_stages=[0, 2, 0])
     if width <= 16384:
         # Whole rows in registers; a few programs per SM, each walking its rows a step at a time.
         step = max(1, 2048 // width)

@@ -22,6 +22,9 @@ A ``Config`` says how a kernel walks the (M, N) input:
   slice) instead of each program streaming the rest of its rows.
 * ``prefetch``: backward, whole-row kernel only: load the next row block while computing this one
   (software pipelining by hand; the default). Off, its registers go to a wider row instead.
+* ``acc_rows``: backward, whole-row kernel only: dw/db accumulated per tile row ([rows, N]) and
+  summed over the rows once at the end, instead of summed over each row block (a cross-warp
+  reduction per block, which short rows, many to a tile, pay on every block).
 * ``exact_n``: whole-row kernels only: compile for the exact row length (one compile per N instead
   of per bucket), so the vector slots of the padded tile that lie wholly past N vanish at compile
   time rather than being masked at run time. It is no general win: it helped the LayerNorm forward
@@ -60,6 +63,7 @@ from dataclasses import asdict, dataclass, replace
 
 import torch
 
+from harness.spec.tuned import ENV as TUNED_ENV
 from harness.spec.tuned import capability_of, table_for
 
 CONFIG_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs.json")
@@ -71,6 +75,11 @@ INTERPRETER_SMS = 4  # "SMs" of the CPU interpreter: any small number; programs 
 # SM: a 32768-wide fp32 row is half of them; the backward holds x, dy and the dw/db accumulators).
 FWD_TILE_MAX = 32768
 BWD_TILE_MAX = 8192
+# Widest bucket searched with many rows to a tile (QK-norm's head_dim and small hidden sizes).
+SMALL_ROWS = 512
+
+
+LATE_DEFAULTS = {"prefetch": True, "acc_rows": False}
 
 
 @dataclass(frozen=True)
@@ -85,13 +94,15 @@ class Config:
     persistent: bool = False
     exact_n: bool = False
     prefetch: bool = True
+    acc_rows: bool = False
 
     def to_json(self) -> dict:
-        """The fields that differ from the defaults of the fields added last (``prefetch``), so that
-        the tables written before them read the same."""
+        """The fields that differ from the defaults of the fields added last (``LATE_DEFAULTS``), so
+        that the tables written before them read the same."""
         out = asdict(self)
-        if self.prefetch:
-            del out["prefetch"]
+        for name, default in LATE_DEFAULTS.items():
+            if out[name] == default:
+                del out[name]
         return out
 
 
@@ -103,10 +114,15 @@ def device_name(device: torch.device) -> str:
     return torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
 
 
+_SMS: dict = {}  # device -> its SM count (asked once: a launch needs it every time)
+
+
 def sm_count(device: torch.device) -> int:
     if device.type != "cuda":
         return INTERPRETER_SMS
-    return torch.cuda.get_device_properties(device).multi_processor_count
+    if device not in _SMS:
+        _SMS[device] = torch.cuda.get_device_properties(device).multi_processor_count
+    return _SMS[device]
 
 
 def _clamp(v: int, lo: int, hi: int) -> int:
@@ -149,6 +165,9 @@ def candidates(direction: str, n: int) -> list[Config]:
                     per_thread = rows * b // (32 * warps)
                     if rows * b <= max(b, 16384) and 8 <= per_thread <= 64:
                         out.append(Config(rows=rows, warps=warps))
+            if b <= SMALL_ROWS:  # many short rows to a tile (2048-16384 elements)
+                out += [Config(rows=t // b, warps=w) for t in (2048, 4096, 8192, 16384) for w in (4, 8, 16)
+                        if t // b > 8 and 8 <= t // (32 * w) <= 64]  # fmt: skip
             if n != b:  # each also compiled for the exact N (the LayerNorm forward's winner on some N)
                 out += [replace(c, exact_n=True) for c in out]
         if b >= 16384:
@@ -167,6 +186,9 @@ def candidates(direction: str, n: int) -> list[Config]:
                 if rows * b <= max(b, 8192) and 4 <= per_thread <= 32:
                     # more programs per SM only while they can all be resident (persistent grid)
                     out += [Config(rows=rows, warps=warps, programs_per_sm=p) for p in (1, 2, 4) if p * warps <= 16]
+    if b <= SMALL_ROWS:  # tiles of 2048-8192 elements, dw / db summed over the rows once (the winners)
+        out += [Config(rows=t // b, warps=w, programs_per_sm=p, acc_rows=True) for t in (2048, 4096, 8192)
+                for w in (4, 8) for p in (2, 4) if 4 <= t // (32 * w) <= 32]  # fmt: skip
     if 4096 <= b <= 16384:
         out += [Config(rows=r, warps=w, reread=True) for r, w in ((1, 16), (2, 16), (1, 32))]
     if 8192 <= b <= 16384:  # a whole row per program, its registers not shared with a prefetched one
@@ -265,8 +287,22 @@ def search(launch, configs: list[Config]) -> tuple[Config, dict]:
     return min(times, key=times.get), times
 
 
+# (op, direction, N, device, NORMBENCH_CONFIGS) -> (the pinned table read, the config): the look-up
+# (the GPU's name and capability, the table's entry, a Config built from it) would otherwise cost
+# host time on every launch. A table re-read or replaced since (``_PINNED``) is looked up again.
+_CHOSEN: dict = {}
+
+
 def choose(op: str, direction: str, n: int, device: torch.device, launch=None, dtype=None) -> Config:
     """The config to launch with (see the module docstring for the order)."""
+    if device.type == "cuda" and (launch is None or os.environ.get(AUTOTUNE_ENV, "0") != "1"):
+        key = (op, direction, n, device, os.environ.get(TUNED_ENV))
+        hit = _CHOSEN.get(key)
+        if hit is not None and hit[0] is _PINNED:
+            return hit[1]
+        cfg = lookup(device_name(device), op, direction, n, capability_of(device))
+        _CHOSEN[key] = (_PINNED, cfg)
+        return cfg
     gpu = device_name(device)
     if device.type == "cuda" and launch is not None and os.environ.get(AUTOTUNE_ENV, "0") == "1":
         key = (gpu, op, direction, bucket(n), dtype)

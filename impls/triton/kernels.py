@@ -33,15 +33,25 @@ A row whose sum of squares overflows fp32 (|x| from ~1e19 up) would get rstd = r
 y = 0 (or the bias): finite and wrong. Its rstd is NaN instead, so y and dx are NaN there, as
 torch's LayerNorm gives (its rms_norm returns 0 there, which is not copied).
 
+Where a row is: row r of an (M, N) row tensor at r * stride; a (T, H, N) per-head view (q and k
+cut from a fused QKV projection's output: token stride (heads + 2 kv_heads) * N, so no (M, N) view
+of them exists) is read in place, row r = t * H + h at t * stride(0) + h * stride(1)
+(``_row_offsets``; the contract hands such a tensor over as it is, ``row_views``). Each row tensor
+has its own two strides (dy may be contiguous where x is a view); the outputs are written as
+contiguous (M, N) rows. ``VIEWS`` is a compile-time flag, so (M, N) rows compile to the plain
+row * stride; the views pay an int32 division per row, not per element, and keep 16-byte vectors
+(the head stride is a whole row).
+
 How a row is walked (``Config``, chosen per GPU and N bucket in ``configs``):
 
-* whole row: a [ROWS, next_pow2(N)] tile in registers, one read of everything;
+* whole row: a [ROWS, next_pow2(N)] tile in registers, one read of everything. Short rows
+  (N <= 512: QK-norm's head_dim, M in the millions) take many rows to a tile (2048-8192 elements),
+  so that every thread moves whole 16-byte vectors and enough bytes are in flight;
 * whole row read twice (backward, ``reread``): the second read, for dx, comes from L1/L2, which
   leaves the registers to the dw/db accumulators (rows of ~8-16K elements);
 * whole row without the prefetch (backward, ``prefetch`` off): the registers of the next row block
   and of the weight go to the row itself, as a first-shot LLM kernel of the fused backward does at
-  N = 16384. A tuning candidate for N = 8192-16384 (its sm_90a build still spills there), not
-  timed yet;
+  N = 16384 (its sm_90a build still spills there);
 * forward, chunked, for rows too wide for registers: pass 1 walks the row in column chunks for the
   statistics, pass 2 walks it again *backwards* to write y, so that it starts on the chunks pass 1
   read last, which are still in L2 (a forward walk would start on the ones evicted first); L2
@@ -60,10 +70,28 @@ How a row is walked (``Config``, chosen per GPU and N bucket in ``configs``):
 The backward is persistent: a grid of a few programs per SM (``programs_per_sm``), each walking a
 contiguous range of row blocks, loading the next block while it computes the current one, and
 accumulating dw / db over its rows in fp32; it writes one partial row, and ``_sum_partials_kernel``
-adds the partials in a fixed order (deterministic, no atomics). Why not one program per wide row
-with its dw/db partial row in global memory, read-added-written per row block: at N = 16384 the
-partial rows (one per SM) and the rows in flight outgrow the L2, so x and dy are read from DRAM
-almost twice and the partials are written back, far more traffic than the problem's own.
+adds the partials in a fixed order (deterministic, no atomics). With many short rows to a tile the
+accumulators are a whole [ROWS, N] tile (``acc_rows``), summed over the rows once at the end:
+summed per block instead, the column sums cross the warps that hold the tile's rows, a round trip
+through shared memory and a barrier on every block, which is what held short rows back. Why not one
+program per wide row with its dw/db partial row in global memory, read-added-written per row block:
+at N = 16384 the partial rows (one per SM) and the rows in flight outgrow the L2, so x and dy are
+read from DRAM almost twice and the partials are written back, far more traffic than the problem's
+own.
+
+Rows whose length is no multiple of a 16-byte vector (N = 4001, 1001, 20001) start anywhere within
+a vector, so their loads and stores are element-wise, and the launch config is what is left to
+choose for them (fewer warps per row, two programs per SM in the backward). A vectorized body needs
+each row realigned by a per-row shift, and Triton's layouts are static: ``tl.gather`` along the row
+lowers to a chain of warp shuffles (some 16K for a 4096-wide bf16 row, which ptxas took minutes
+over), and no other operation moves data between threads by a run-time offset. Loading whole
+vectors from each row's aligned start and computing in shifted columns instead makes the weight a
+per-row gather and the dw columns differ from row to row.
+
+Rows too wide for one program's registers in the backward (above 16384): a 32768-wide row's dw
+accumulator alone is 128 KB of fp32, half an SM's register file, so the program that owns a row
+cannot also keep dw for it; the sliced kernels with ``row_sums`` (5 units of traffic) are what is
+left, since streaming the sibling slices from L2 (3 units) waits on every round trip.
 
 Interpreter notes (CI runs these under TRITON_INTERPRET=1): no arithmetic on bf16 values (it is
 silently wrong there), no libdevice (``tl.rsqrt`` instead), no atomics; its fp32 -> bf16 conversion
@@ -81,6 +109,7 @@ import triton
 import triton.language as tl
 
 from harness.spec.contract import contract_functions
+from harness.spec.jit_launch import fast
 
 from .configs import Config, bucket, choose, for_weight, sm_count
 
@@ -137,12 +166,24 @@ def _affine(y, W, B, cols, col_mask, HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.cons
     return y
 
 
+@triton.jit
+def _row_offsets(rows, stride, stride_h, HEADS, VIEWS: tl.constexpr):
+    """Element offset (int64) of each row of a row tensor: row * stride for (M, N) rows; with
+    VIEWS, row r = t * HEADS + h of a (T, HEADS, N) view at t * stride + h * stride_h (per-head q or
+    k of a fused QKV tensor, which no (M, N) view reaches). The division is done in int32 (rows <
+    2^31), the products in int64 (offsets pass 2^31 elements)."""
+    if VIEWS:
+        return (rows // HEADS).to(tl.int64) * stride + (rows % HEADS).to(tl.int64) * stride_h
+    return rows.to(tl.int64) * stride
+
+
 @triton.jit(do_not_specialize=["M", "eps"])
 def _norm_fwd_row_kernel(
     X, R, W, B, Y, H, MEAN, RSTD,
     M, N, stride_x, stride_r, stride_y, stride_h, eps,
+    HEADS, stride_xh, stride_rh, stride_yh, stride_hh,
     LAYERNORM: tl.constexpr, HAS_RESIDUAL: tl.constexpr, HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr,
-    ROWS: tl.constexpr, BLOCK_N: tl.constexpr, EXACT_N: tl.constexpr,
+    ROWS: tl.constexpr, BLOCK_N: tl.constexpr, VIEWS: tl.constexpr, EXACT_N: tl.constexpr,
 ):  # fmt: skip
     if EXACT_N:  # Config.exact_n: N known at compile time, the masks of whole vectors fold away
         N = EXACT_N
@@ -150,10 +191,13 @@ def _norm_fwd_row_kernel(
     cols = tl.arange(0, BLOCK_N)
     row_mask = rows < M
     mask = row_mask[:, None] & (cols < N)[None, :]
-    rows = rows.to(tl.int64)  # row * stride overflows int32 beyond 2^31 elements
+    y_rows = _row_offsets(rows, stride_y, stride_yh, HEADS, VIEWS)[:, None]
+    x_at = _row_offsets(rows, stride_x, stride_xh, HEADS, VIEWS)
+    r_at = _row_offsets(rows, stride_r, stride_rh, HEADS, VIEWS)
+    h_at = _row_offsets(rows, stride_h, stride_hh, HEADS, VIEWS)
 
-    x = _load_input(X + rows[:, None] * stride_x + cols[None, :], R + rows[:, None] * stride_r + cols[None, :],
-                    H + rows[:, None] * stride_h + cols[None, :], mask, HAS_RESIDUAL, "", "")  # fmt: skip
+    x = _load_input(X + x_at[:, None] + cols[None, :], R + r_at[:, None] + cols[None, :],
+                    H + h_at[:, None] + cols[None, :], mask, HAS_RESIDUAL, "", "")  # fmt: skip
     if LAYERNORM:
         mean = tl.sum(x, axis=1) / N
         # centre in registers before squaring (two-pass variance): E[x^2] - E[x]^2 cancels badly
@@ -163,25 +207,26 @@ def _norm_fwd_row_kernel(
     tl.store(RSTD + rows, rstd, mask=row_mask)
 
     y = _affine(x * rstd[:, None], W, B, cols, cols < N, HAS_WEIGHT, HAS_BIAS)
-    tl.store(Y + rows[:, None] * stride_y + cols[None, :], y.to(Y.dtype.element_ty), mask=mask)
+    tl.store(Y + y_rows + cols[None, :], y.to(Y.dtype.element_ty), mask=mask)
 
 
 @triton.jit(do_not_specialize=["M", "eps"])
 def _norm_fwd_chunked_kernel(
     X, R, W, B, Y, H, MEAN, RSTD,
     M, N, stride_x, stride_r, stride_y, stride_h, eps,
+    HEADS, stride_xh, stride_rh, stride_yh, stride_hh,
     LAYERNORM: tl.constexpr, HAS_RESIDUAL: tl.constexpr, HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr,
-    ROWS: tl.constexpr, CHUNK: tl.constexpr,
+    ROWS: tl.constexpr, CHUNK: tl.constexpr, VIEWS: tl.constexpr,
 ):  # fmt: skip
     n_chunks = tl.cdiv(N, CHUNK)
     # One row block per program, or several with a persistent grid (``Config.persistent``).
     for block in range(tl.program_id(0), tl.cdiv(M, ROWS), tl.num_programs(0)):
         rows = block * ROWS + tl.arange(0, ROWS)
         row_mask = rows < M
-        rows = rows.to(tl.int64)
-        x_rows = X + rows[:, None] * stride_x
-        r_rows = R + rows[:, None] * stride_r
-        h_rows = H + rows[:, None] * stride_h
+        x_rows = X + _row_offsets(rows, stride_x, stride_xh, HEADS, VIEWS)[:, None]
+        r_rows = R + _row_offsets(rows, stride_r, stride_rh, HEADS, VIEWS)[:, None]
+        h_rows = H + _row_offsets(rows, stride_h, stride_hh, HEADS, VIEWS)[:, None]
+        y_rows = Y + _row_offsets(rows, stride_y, stride_yh, HEADS, VIEWS)[:, None]
 
         # pass 1: the statistics. evict_last asks L2 to keep the row for pass 2, which reads it
         # evict_first (its last use) and writes y evict_first too, so that neither pushes out the
@@ -230,27 +275,46 @@ def _norm_fwd_chunked_kernel(
             if LAYERNORM:
                 x = x - mean[:, None]
             y = _affine(x * rstd[:, None], W, B, cols, col_mask, HAS_WEIGHT, HAS_BIAS)
-            tl.store(Y + rows[:, None] * stride_y + cols[None, :], y.to(Y.dtype.element_ty), mask=mask,
-                     eviction_policy="evict_first")  # fmt: skip
+            tl.store(y_rows + cols[None, :], y.to(Y.dtype.element_ty), mask=mask, eviction_policy="evict_first")
+
+
+def row_shape(x) -> tuple[int, int, int]:
+    """(M, N, H): the rows of x, and H the heads of a (T, H, N) per-head view whose rows the kernels
+    address themselves (0 for (M, N) rows)."""
+    if x.dim() == 3:
+        t, heads, n = x.shape
+        return t * heads, n, heads
+    m, n = x.shape
+    return m, n, 0
+
+
+def row_strides(t, heads: int) -> tuple[int, int]:
+    """(stride, head stride) of a row tensor as ``_row_offsets`` takes them: an (M, N) tensor's row
+    stride; with ``heads``, a (T, H, N) view's two strides, or (M, N) rows (the outputs) as such a
+    view."""
+    if not heads:
+        return t.stride(0), 0
+    return (t.stride(0), t.stride(1)) if t.dim() == 3 else (heads * t.stride(0), t.stride(0))
 
 
 def launch_fwd(cfg: Config, x, weight, bias, eps, layernorm: bool, y, mean, rstd, residual=None, residual_out=None):
     """Run the forward with ``cfg`` into y / mean / rstd (and residual_out = x + residual when a
     residual is given); returns the compiled kernel (its ``n_regs`` and ``n_spills`` are the
-    compiler's report)."""
-    M, N = x.shape
+    compiler's report). x (and residual) may be (T, H, N) per-head views (``row_shape``)."""
+    M, N, heads = row_shape(x)
     grid = triton.cdiv(M, cfg.rows)
     if cfg.chunk and cfg.persistent:
         grid = min(grid, cfg.programs_per_sm * sm_count(x.device))
     kernel, width = (_norm_fwd_chunked_kernel, cfg.chunk) if cfg.chunk else (_norm_fwd_row_kernel, bucket(N))
-    exact = () if cfg.chunk else (N if cfg.exact_n else 0,)
     fused = residual is not None
     r, h = (residual, residual_out) if fused else (x, y)
-    return kernel[(grid,)](  # x, y in place of absent tensors: never touched
+    (sx, sxh), (sr, srh), (sy, syh), (sh, shh) = (row_strides(t, heads) for t in (x, r, y, h))
+    exact = () if cfg.chunk else (N if cfg.exact_n else 0,)
+    return fast(kernel)[(grid,)](  # x, y in place of absent tensors: never touched
         x, r, x if weight is None else weight, x if bias is None else bias, y, h, mean, rstd,
-        M, N, x.stride(0), r.stride(0), y.stride(0), h.stride(0), eps,
+        M, N, sx, sr, sy, sh, eps, max(heads, 1), sxh, srh, syh, shh,
         layernorm, fused, weight is not None, bias is not None,
-        cfg.rows, width, *exact, num_warps=cfg.warps,
+        cfg.rows, width, heads > 0, *exact, num_warps=cfg.warps,
     )  # fmt: skip
 
 
@@ -262,7 +326,7 @@ def op_name(layernorm: bool, fused_add: bool) -> str:
 def norm_fwd(x, weight, bias, eps, layernorm: bool, config: Config | None = None, residual=None):
     """(y, mean or None, rstd, residual_out or None); with ``residual``, the norm of x + residual
     (residual_out, as stored). ``config`` overrides the pinned/heuristic choice."""
-    M, N = x.shape
+    M, N, _ = row_shape(x)
     y = torch.empty((M, N), dtype=x.dtype, device=x.device)
     h = torch.empty((M, N), dtype=x.dtype, device=x.device) if residual is not None else None
     rstd = torch.empty(M, dtype=torch.float32, device=x.device)
@@ -291,9 +355,10 @@ def _row_block_range(M, ROWS: tl.constexpr, worker, workers):
 def _norm_bwd_row_kernel(
     DY, X, W, MEAN, RSTD, DRES, DX, DW_PARTIAL, DB_PARTIAL,
     M, N, stride_dy, stride_x, stride_dres, stride_dx,
+    HEADS, stride_dyh, stride_xh, stride_dresh, stride_dxh,
     LAYERNORM: tl.constexpr, HAS_WEIGHT: tl.constexpr, HAS_DRESIDUAL: tl.constexpr,
-    ROWS: tl.constexpr, BLOCK_N: tl.constexpr, REREAD: tl.constexpr, EXACT_N: tl.constexpr,
-    PREFETCH: tl.constexpr,
+    ROWS: tl.constexpr, BLOCK_N: tl.constexpr, VIEWS: tl.constexpr, REREAD: tl.constexpr, EXACT_N: tl.constexpr,
+    PREFETCH: tl.constexpr, ACC_ROWS: tl.constexpr,
 ):  # fmt: skip
     if EXACT_N:  # Config.exact_n (see the forward)
         N = EXACT_N
@@ -303,8 +368,16 @@ def _norm_bwd_row_kernel(
         w = tl.load(W + cols, mask=col_mask, other=0.0).to(tl.float32)
     if REREAD or not PREFETCH:
         w_cols = W + cols  # re-read each row instead (L1-resident): its registers go to dw
-    dw = tl.zeros([BLOCK_N], dtype=tl.float32)
-    db = tl.zeros([BLOCK_N], dtype=tl.float32)
+    # ACC_ROWS (``Config.acc_rows``): dw / db accumulated per tile row and summed over the rows once
+    # at the end. Summed per block instead, the sum over the tile's rows crosses warps (a round trip
+    # through shared memory and a barrier per block), which short rows, many to a tile, pay on
+    # every block; the price is a second row-tile of registers.
+    if ACC_ROWS:
+        dw = tl.zeros([ROWS, BLOCK_N], dtype=tl.float32)
+        db = tl.zeros([ROWS, BLOCK_N], dtype=tl.float32)
+    else:
+        dw = tl.zeros([BLOCK_N], dtype=tl.float32)
+        db = tl.zeros([BLOCK_N], dtype=tl.float32)
 
     first, last = _row_block_range(M, ROWS, tl.program_id(0), tl.num_programs(0))
     end = tl.minimum(M, last * ROWS)  # rows from here on are the next program's
@@ -317,18 +390,20 @@ def _norm_bwd_row_kernel(
     if PREFETCH:
         row_mask = rows < end
         mask = row_mask[:, None] & col_mask[None, :]
-        x_next = tl.load(X + rows.to(tl.int64)[:, None] * stride_x + cols[None, :], mask=mask, other=0.0)
-        dy_next = tl.load(DY + rows.to(tl.int64)[:, None] * stride_dy + cols[None, :], mask=mask, other=0.0)
+        x_next = tl.load(X + _row_offsets(rows, stride_x, stride_xh, HEADS, VIEWS)[:, None] + cols[None, :],
+                         mask=mask, other=0.0)  # fmt: skip
+        dy_next = tl.load(DY + _row_offsets(rows, stride_dy, stride_dyh, HEADS, VIEWS)[:, None] + cols[None, :],
+                          mask=mask, other=0.0)  # fmt: skip
         rstd_next = tl.load(RSTD + rows, mask=row_mask, other=0.0)
         mean_next = tl.load(MEAN + rows, mask=row_mask, other=0.0) if LAYERNORM else rstd_next
     for block in range(first, last):
         if PREFETCH:
             x, dy, rstd, mean = x_next.to(tl.float32), dy_next.to(tl.float32), rstd_next, mean_next
         mask = (rows < end)[:, None] & col_mask[None, :]
-        x_ptrs = X + rows.to(tl.int64)[:, None] * stride_x + cols[None, :]
-        dy_ptrs = DY + rows.to(tl.int64)[:, None] * stride_dy + cols[None, :]
-        dres_ptrs = DRES + rows.to(tl.int64)[:, None] * stride_dres + cols[None, :]
-        dx_ptrs = DX + rows.to(tl.int64)[:, None] * stride_dx + cols[None, :]
+        x_ptrs = X + _row_offsets(rows, stride_x, stride_xh, HEADS, VIEWS)[:, None] + cols[None, :]
+        dy_ptrs = DY + _row_offsets(rows, stride_dy, stride_dyh, HEADS, VIEWS)[:, None] + cols[None, :]
+        dres_ptrs = DRES + _row_offsets(rows, stride_dres, stride_dresh, HEADS, VIEWS)[:, None] + cols[None, :]
+        dx_ptrs = DX + _row_offsets(rows, stride_dx, stride_dxh, HEADS, VIEWS)[:, None] + cols[None, :]
         if not PREFETCH:
             x = tl.load(x_ptrs, mask=mask, other=0.0).to(tl.float32)
             dy = tl.load(dy_ptrs, mask=mask, other=0.0).to(tl.float32)
@@ -339,8 +414,10 @@ def _norm_bwd_row_kernel(
         if PREFETCH:
             row_mask = rows < end
             next_mask = row_mask[:, None] & col_mask[None, :]
-            x_next = tl.load(x_ptrs + ROWS * stride_x, mask=next_mask, other=0.0)
-            dy_next = tl.load(dy_ptrs + ROWS * stride_dy, mask=next_mask, other=0.0)
+            next_x = X + _row_offsets(rows, stride_x, stride_xh, HEADS, VIEWS)[:, None] + cols[None, :]
+            next_dy = DY + _row_offsets(rows, stride_dy, stride_dyh, HEADS, VIEWS)[:, None] + cols[None, :]
+            x_next = tl.load(next_x, mask=next_mask, other=0.0)
+            dy_next = tl.load(next_dy, mask=next_mask, other=0.0)
             rstd_next = tl.load(RSTD + rows, mask=row_mask, other=0.0)
             mean_next = tl.load(MEAN + rows, mask=row_mask, other=0.0) if LAYERNORM else rstd_next
 
@@ -368,7 +445,10 @@ def _norm_bwd_row_kernel(
                 g = dy
         if LAYERNORM:
             dx = (g - xhat * c1[:, None] - c2[:, None]) * rstd[:, None]
-            db += tl.sum(dy, axis=0)
+            if ACC_ROWS:
+                db += dy
+            else:
+                db += tl.sum(dy, axis=0)
         else:
             dx = (g - xhat * c1[:, None]) * rstd[:, None]
         if HAS_DRESIDUAL:
@@ -378,9 +458,15 @@ def _norm_bwd_row_kernel(
             # config launches two.
             dx += tl.load(dres_ptrs, mask=mask, other=0.0).to(tl.float32)
         if HAS_WEIGHT:
-            dw += tl.sum(dy * xhat, axis=0)
+            if ACC_ROWS:
+                dw += dy * xhat
+            else:
+                dw += tl.sum(dy * xhat, axis=0)
         tl.store(dx_ptrs, dx.to(DX.dtype.element_ty), mask=mask)
 
+    if ACC_ROWS:
+        dw = tl.sum(dw, axis=0)
+        db = tl.sum(db, axis=0)
     partial = tl.program_id(0).to(tl.int64) * N + cols
     if HAS_WEIGHT:
         tl.store(DW_PARTIAL + partial, dw, mask=col_mask)
@@ -389,13 +475,14 @@ def _norm_bwd_row_kernel(
 
 
 @triton.jit
-def _row_terms(X, DY, W, rows, row_mask, cols, col_mask, stride_x, stride_dy, mean,
+def _row_terms(X, DY, W, x_rows, dy_rows, row_mask, cols, col_mask, mean,
                LAYERNORM: tl.constexpr, HAS_WEIGHT: tl.constexpr):  # fmt: skip
     """The [rows, cols] tiles of g * (x - mean) and g, whose row sums times rstd / N and / N are c1
-    and c2. Centring by the given mean keeps the sum of a long row from cancelling."""
+    and c2 (``x_rows``, ``dy_rows``: the rows' element offsets). Centring by the given mean keeps
+    the sum of a long row from cancelling."""
     mask = row_mask[:, None] & col_mask[None, :]
-    x = tl.load(X + rows[:, None] * stride_x + cols[None, :], mask=mask, other=0.0).to(tl.float32)
-    dy = tl.load(DY + rows[:, None] * stride_dy + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    x = tl.load(X + x_rows[:, None] + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    dy = tl.load(DY + dy_rows[:, None] + cols[None, :], mask=mask, other=0.0).to(tl.float32)
     if LAYERNORM:
         x = tl.where(mask, x - mean[:, None], 0.0)
     if HAS_WEIGHT:
@@ -406,9 +493,9 @@ def _row_terms(X, DY, W, rows, row_mask, cols, col_mask, stride_x, stride_dy, me
 @triton.jit(do_not_specialize=["M"])
 def _norm_bwd_row_sums_kernel(
     DY, X, W, MEAN, ROW_SUMS,
-    M, N, stride_dy, stride_x,
+    M, N, stride_dy, stride_x, HEADS, stride_dyh, stride_xh,
     LAYERNORM: tl.constexpr, HAS_WEIGHT: tl.constexpr,
-    ROWS: tl.constexpr, SLICE: tl.constexpr, SLICES: tl.constexpr,
+    ROWS: tl.constexpr, SLICE: tl.constexpr, SLICES: tl.constexpr, VIEWS: tl.constexpr,
 ):  # fmt: skip
     """Pass 1 of the two-kernel backward: ROW_SUMS[k, row, slice] = the row sum over one column
     slice of ``_row_terms``' k-th tile (k = 0: g * (x - mean), k = 1: g), one tile per program."""
@@ -417,8 +504,10 @@ def _norm_bwd_row_sums_kernel(
     row_mask = rows < M
     cols = me * SLICE + tl.arange(0, SLICE)
     mean = tl.load(MEAN + rows, mask=row_mask, other=0.0) if LAYERNORM else tl.zeros([ROWS], dtype=tl.float32)
+    x_rows = _row_offsets(rows, stride_x, stride_xh, HEADS, VIEWS)
+    dy_rows = _row_offsets(rows, stride_dy, stride_dyh, HEADS, VIEWS)
+    gxc, g = _row_terms(X, DY, W, x_rows, dy_rows, row_mask, cols, cols < N, mean, LAYERNORM, HAS_WEIGHT)
     rows = rows.to(tl.int64)
-    gxc, g = _row_terms(X, DY, W, rows, row_mask, cols, cols < N, stride_x, stride_dy, mean, LAYERNORM, HAS_WEIGHT)
     tl.store(ROW_SUMS + rows * SLICES + me, tl.sum(gxc, axis=1), mask=row_mask)
     if LAYERNORM:
         tl.store(ROW_SUMS + (M + rows) * SLICES + me, tl.sum(g, axis=1), mask=row_mask)
@@ -428,9 +517,10 @@ def _norm_bwd_row_sums_kernel(
 def _norm_bwd_slice_kernel(
     DY, X, W, MEAN, RSTD, ROW_SUMS, DRES, DX, DW_PARTIAL, DB_PARTIAL,
     M, N, stride_dy, stride_x, stride_dres, stride_dx,
+    HEADS, stride_dyh, stride_xh, stride_dresh, stride_dxh,
     LAYERNORM: tl.constexpr, HAS_WEIGHT: tl.constexpr, HAS_DRESIDUAL: tl.constexpr,
     ROWS: tl.constexpr, SLICE: tl.constexpr, SLICES: tl.constexpr, SLICES_P2: tl.constexpr,
-    SUMS_GIVEN: tl.constexpr, STREAM: tl.constexpr,
+    SUMS_GIVEN: tl.constexpr, STREAM: tl.constexpr, VIEWS: tl.constexpr,
 ):  # fmt: skip
     """The backward for rows too wide for one program's registers. Each program owns one column
     slice of the rows of its row group: dx, and dw / db for its slice, accumulated in registers
@@ -454,8 +544,10 @@ def _norm_bwd_slice_kernel(
     # the own slice of the next row block is loaded while this one is computed (see the row kernel)
     rows = first * ROWS + tl.arange(0, ROWS)
     mask = (rows < end)[:, None] & col_mask[None, :]
-    x_next = tl.load(X + rows.to(tl.int64)[:, None] * stride_x + cols[None, :], mask=mask, other=0.0)
-    dy_next = tl.load(DY + rows.to(tl.int64)[:, None] * stride_dy + cols[None, :], mask=mask, other=0.0)
+    x_rows = _row_offsets(rows, stride_x, stride_xh, HEADS, VIEWS)
+    dy_rows = _row_offsets(rows, stride_dy, stride_dyh, HEADS, VIEWS)
+    x_next = tl.load(X + x_rows[:, None] + cols[None, :], mask=mask, other=0.0)
+    dy_next = tl.load(DY + dy_rows[:, None] + cols[None, :], mask=mask, other=0.0)
     for block in range(first, last):
         row_mask = rows < end
         mask = row_mask[:, None] & col_mask[None, :]
@@ -477,8 +569,8 @@ def _norm_bwd_slice_kernel(
             acc_g = tl.zeros([ROWS, STREAM], dtype=tl.float32)
             for j in range(SLICE // STREAM, SLICES * SLICE // STREAM):  # from the next slice on, wrapping
                 other = (me * SLICE + j * STREAM) % (SLICES * SLICE) + tl.arange(0, STREAM)
-                gxc, g_other = _row_terms(X, DY, W, rows64, row_mask, other, other < N, stride_x, stride_dy,
-                                          mean, LAYERNORM, HAS_WEIGHT)  # fmt: skip
+                gxc, g_other = _row_terms(X, DY, W, x_rows, dy_rows, row_mask, other, other < N, mean,
+                                          LAYERNORM, HAS_WEIGHT)  # fmt: skip
                 acc_gxc += gxc
                 acc_g += g_other  # (dead code for RMSNorm, dropped by the compiler)
             sum_gxc = tl.sum(acc_gxc, axis=1)
@@ -486,8 +578,10 @@ def _norm_bwd_slice_kernel(
 
         x, dy = x_next.to(tl.float32), dy_next.to(tl.float32)
         next_mask = (rows + ROWS < end)[:, None] & col_mask[None, :]
-        x_next = tl.load(X + (rows64 + ROWS)[:, None] * stride_x + cols[None, :], mask=next_mask, other=0.0)
-        dy_next = tl.load(DY + (rows64 + ROWS)[:, None] * stride_dy + cols[None, :], mask=next_mask, other=0.0)
+        x_rows = _row_offsets(rows + ROWS, stride_x, stride_xh, HEADS, VIEWS)
+        dy_rows = _row_offsets(rows + ROWS, stride_dy, stride_dyh, HEADS, VIEWS)
+        x_next = tl.load(X + x_rows[:, None] + cols[None, :], mask=next_mask, other=0.0)
+        dy_next = tl.load(DY + dy_rows[:, None] + cols[None, :], mask=next_mask, other=0.0)
         if LAYERNORM:
             x = x - mean[:, None]
         if HAS_WEIGHT:  # re-read per block (an L1 hit) rather than held: its registers go to dw / db
@@ -505,10 +599,12 @@ def _norm_bwd_slice_kernel(
         else:
             dx = (g - xhat * c1[:, None]) * rstd[:, None]
         if HAS_DRESIDUAL:  # (not prefetched: see the row kernel)
-            dx += tl.load(DRES + rows64[:, None] * stride_dres + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+            dres_rows = _row_offsets(rows, stride_dres, stride_dresh, HEADS, VIEWS)
+            dx += tl.load(DRES + dres_rows[:, None] + cols[None, :], mask=mask, other=0.0).to(tl.float32)
         if HAS_WEIGHT:
             dw += tl.sum(dy * xhat, axis=0)
-        tl.store(DX + rows64[:, None] * stride_dx + cols[None, :], dx.to(DX.dtype.element_ty), mask=mask)
+        dx_rows = _row_offsets(rows, stride_dx, stride_dxh, HEADS, VIEWS)
+        tl.store(DX + dx_rows[:, None] + cols[None, :], dx.to(DX.dtype.element_ty), mask=mask)
         rows += ROWS
 
     partial = group.to(tl.int64) * N + cols
@@ -534,8 +630,9 @@ def _sum_partials_kernel(PARTIALS, OUT, P, N, BLOCK_P: tl.constexpr, BLOCK_N: tl
 def launch_bwd(cfg: Config, dy, x, weight, mean, rstd, layernorm: bool, dx, sums, dresidual=None):
     """Run the backward with ``cfg`` into dx (plus ``dresidual`` when given) and ``sums`` (rows: dw
     if weight, then db if layernorm); returns the compiled main kernel (see ``launch_fwd``)."""
-    M, N = x.shape
+    M, N, heads = row_shape(x)
     dres = x if dresidual is None else dresidual  # x: a placeholder, never read
+    (sdy, sdyh), (sx, sxh), (sdres, sdresh), (sdx, sdxh) = (row_strides(t, heads) for t in (dy, x, dres, dx))
     n_sums = sums.shape[0]
     w = x if weight is None else weight  # x, rstd: placeholders, never read
     mean = rstd if mean is None else mean
@@ -548,25 +645,26 @@ def launch_bwd(cfg: Config, dy, x, weight, mean, rstd, layernorm: bool, dx, sums
         if cfg.row_sums:
             row_sums = torch.empty((2, M, slices), dtype=torch.float32, device=x.device)
             grid = (slices * triton.cdiv(M, cfg.rows),)
-            _norm_bwd_row_sums_kernel[grid](
-                dy, x, w, mean, row_sums, M, N, dy.stride(0), x.stride(0),
-                layernorm, weight is not None, cfg.rows, cfg.slice, slices, num_warps=cfg.warps,
+            fast(_norm_bwd_row_sums_kernel)[grid](
+                dy, x, w, mean, row_sums, M, N, sdy, sx, max(heads, 1), sdyh, sxh,
+                layernorm, weight is not None, cfg.rows, cfg.slice, slices, heads > 0, num_warps=cfg.warps,
             )  # fmt: skip
-        compiled = _norm_bwd_slice_kernel[(partial_rows * slices,)](
+        compiled = fast(_norm_bwd_slice_kernel)[(partial_rows * slices,)](
             dy, x, w, mean, rstd, row_sums, dres, dx, partials[0], partials[n_sums - 1],
-            M, N, dy.stride(0), x.stride(0), dres.stride(0), dx.stride(0),
+            M, N, sdy, sx, sdres, sdx, max(heads, 1), sdyh, sxh, sdresh, sdxh,
             layernorm, weight is not None, dresidual is not None,
             cfg.rows, cfg.slice, slices, triton.next_power_of_2(slices), cfg.row_sums, min(cfg.chunk or cfg.slice, cfg.slice),
-            num_warps=cfg.warps,
+            heads > 0, num_warps=cfg.warps,
         )  # fmt: skip
     else:
         args = (
             dy, x, w, mean, rstd, dres, dx, partials[0], partials[n_sums - 1],
-            M, N, dy.stride(0), x.stride(0), dres.stride(0), dx.stride(0),
+            M, N, sdy, sx, sdres, sdx, max(heads, 1), sdyh, sxh, sdresh, sdxh,
             layernorm, weight is not None, dresidual is not None, cfg.rows,
         )  # fmt: skip
-        compiled = _norm_bwd_row_kernel[(partial_rows,)](
-            *args, bucket(N), cfg.reread, N if cfg.exact_n else 0, cfg.prefetch, num_warps=cfg.warps
+        compiled = fast(_norm_bwd_row_kernel)[(partial_rows,)](
+            *args, bucket(N), heads > 0, cfg.reread, N if cfg.exact_n else 0, cfg.prefetch, cfg.acc_rows,
+            num_warps=cfg.warps,
         )  # fmt: skip
     if n_sums:
         if x.is_cuda:
@@ -577,7 +675,7 @@ def launch_bwd(cfg: Config, dy, x, weight, mean, rstd, layernorm: bool, dx, sums
         else:  # the interpreter pays per program and per operation, not per element
             block_n, block_p = min(bucket(N), 16384), 16
         grid = (triton.cdiv(N, block_n), n_sums)
-        _sum_partials_kernel[grid](partials, sums, partial_rows, N, block_p, block_n, num_warps=4)
+        fast(_sum_partials_kernel)[grid](partials, sums, partial_rows, N, block_p, block_n, num_warps=4)
     return compiled
 
 
@@ -585,7 +683,7 @@ def norm_bwd(dy, x, weight, mean, rstd, layernorm: bool, config: Config | None =
     """(dx, dw or None, db or None); dx + ``dresidual`` when given (the fused add's dh). dw and db
     come back in the weight's dtype (x's without a weight). ``config`` overrides the
     pinned/heuristic choice."""
-    M, N = x.shape
+    M, N, _ = row_shape(x)
     has_weight = weight is not None
     dx = torch.empty((M, N), dtype=x.dtype, device=x.device)
     n_sums = int(has_weight) + int(layernorm)

@@ -70,19 +70,19 @@ def build_config(op: str, direction: str, n: int, cfg: C.Config, x_dtype="bf16",
     rows = dict.fromkeys(("X", "R", "Y", "H", "DY", "DRES", "DX"), x_dtype)
     fp32 = dict.fromkeys(("MEAN", "RSTD", "ROW_SUMS", "DW_PARTIAL", "DB_PARTIAL"), "fp32")
     pointers = {**rows, **fp32, "W": w_dtype, "B": w_dtype}
-    whole_row = {"BLOCK_N": C.bucket(n), "EXACT_N": n if cfg.exact_n else 0}
+    whole_row = {"BLOCK_N": C.bucket(n), "EXACT_N": n if cfg.exact_n else 0, "VIEWS": False}  # (M, N) rows
     if direction == "fwd":
         flags = {"LAYERNORM": layernorm, "HAS_RESIDUAL": fused, "HAS_WEIGHT": True, "HAS_BIAS": layernorm, "ROWS": cfg.rows}
         if cfg.chunk:
-            return build(K._norm_fwd_chunked_kernel, pointers, {**flags, "CHUNK": cfg.chunk}, cfg.warps)
+            return build(K._norm_fwd_chunked_kernel, pointers, {**flags, "CHUNK": cfg.chunk, "VIEWS": False}, cfg.warps)
         return build(K._norm_fwd_row_kernel, pointers, {**flags, **whole_row}, cfg.warps)
     flags = {"LAYERNORM": layernorm, "HAS_WEIGHT": True, "HAS_DRESIDUAL": fused, "ROWS": cfg.rows}
     if cfg.slice:
         slices = triton.cdiv(n, cfg.slice)
         sliced = {"SLICE": cfg.slice, "SLICES": slices, "SLICES_P2": triton.next_power_of_2(slices),
-                  "SUMS_GIVEN": cfg.row_sums, "STREAM": min(cfg.chunk or cfg.slice, cfg.slice)}  # fmt: skip
+                  "SUMS_GIVEN": cfg.row_sums, "STREAM": min(cfg.chunk or cfg.slice, cfg.slice), "VIEWS": False}  # fmt: skip
         return build(K._norm_bwd_slice_kernel, pointers, {**flags, **sliced}, cfg.warps)
-    row = {**flags, **whole_row, "REREAD": cfg.reread, "PREFETCH": cfg.prefetch}
+    row = {**flags, **whole_row, "REREAD": cfg.reread, "PREFETCH": cfg.prefetch, "ACC_ROWS": cfg.acc_rows}
     return build(K._norm_bwd_row_kernel, pointers, row, cfg.warps)
 
 
