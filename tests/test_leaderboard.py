@@ -34,7 +34,7 @@ def test_points_below_target_count_failures_and_each_dsls_own_bar():
     from harness.results import targets
 
     def row(dsl, direction, n, frac, status="ok", impl=None, shape_set="small", dtype="bf16"):
-        return {"impl": impl or dsl, "dsl": dsl, "direction": direction, "N": n, "frac_roofline": frac,
+        return {"impl": impl or dsl, "dsl": dsl, "op": "rmsnorm", "direction": direction, "N": n, "frac_roofline": frac,
                 "status": status, "shape_set": shape_set, "dtype": dtype}  # fmt: skip
 
     rows = [

@@ -209,7 +209,7 @@ def summary(report_dirs: list[Path], where: Path = README, leaderboard_path: Pat
         out.append("")
         per_regime = regimes(rows)
         if per_regime:
-            out += [f"Per regime on the {meta.get('gpu', d.name)}: geomean over the three ops of each DSL's best "
+            out += [f"Per regime on the {meta.get('gpu', d.name)}: geomean over the three norm ops of each DSL's best "
                     "implementation measured on every point of the set (bf16); below target: the hand-written kernel's "
                     "bf16 points of these sets under [its target](docs/method.md#targets), failures included.", ""]  # fmt: skip
             out += per_regime + [""]
@@ -226,16 +226,17 @@ def regimes(rows: list[dict]) -> list[str]:
     geomean over the ops of the fraction reached on each regime's bf16 points, forward and backward,
     and the hand-written kernels' points below their targets (``harness.results.targets``)."""
     from harness.results.rank import geomean
-    from harness.results.targets import REGIMES, below
+    from harness.results.targets import REGIMES, below, norm_ops
 
-    present = {(s, d) for o, d, s, t in rank.sections(rows) if s in REGIMES and t == "bf16" and d in ("fwd", "bwd")}
+    ops = norm_ops()
+    present = {(s, d) for o, d, s, t in rank.sections(rows) if o in ops and s in REGIMES and t == "bf16" and d in ("fwd", "bwd")}
     cols = [(s, d) for s in REGIMES for d in ("fwd", "bwd") if (s, d) in present]
     if not cols:
         return []
     cells: dict = {}
     for s, d in cols:
         per_op: dict = {}
-        for o in OPS:
+        for o in ops:
             for r in rank.leaderboard(rows, o, d, s):
                 col = r.impl if r.external else r.dsl
                 if r.score is None or col.startswith("llm-") or r.passed < r.shapes:
@@ -243,7 +244,7 @@ def regimes(rows: list[dict]) -> list[str]:
                 per_op.setdefault(col, {})
                 per_op[col][o] = max(per_op[col].get(o, 0.0), r.score)
         for col, scores in per_op.items():
-            if len(scores) == len({o for o, dd, ss, t in rank.sections(rows) if ss == s and dd == d and t == "bf16"}):
+            if len(scores) == len({o for o, dd, ss, t in rank.sections(rows) if o in ops and ss == s and dd == d and t == "bf16"}):
                 cells[(col, s, d)] = geomean(scores.values())
     names = sorted({c for c, _, _ in cells}, key=lambda x: (x in _externals(rows), x))
     counts = below(rows)
