@@ -676,3 +676,11 @@ def test_dweight_sums_every_row_tile_and_block(op, wide, monkeypatch, no_libdevi
         monkeypatch.setattr(kernels, "rmsnorm_bwd_resident", _rmsnorm_bwd_resident_last_tile_only)
         bad = _dweight_over_tiles(monkeypatch, op, wide)
         assert bad and all(b.split()[1] == "dweight:" for b in bad) and "M=1 " not in " ".join(bad), bad
+
+
+def test_rows_not_a_multiple_of_8_keep_the_row_kernels():
+    from impls.helion import configs
+
+    for n in (1, 7, 33, 100):
+        assert not configs.pinned("rmsnorm_bwd", n, "bf16", "NVIDIA H100 80GB HBM3").kernel.endswith("_heads"), n
+    assert configs.pinned("rmsnorm_bwd", 64, "bf16", "NVIDIA H100 80GB HBM3").kernel.endswith("_heads")

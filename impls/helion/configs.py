@@ -158,6 +158,12 @@ def reload() -> None:
     _FEW_ROWS.clear()
 
 
+# Rows whose length is not a multiple of this do not take the small-row ``*_heads`` entries: their
+# backward fails to trace in Helion 1.4 at N = 7 on the GPU (a (T, 1, 7) block against the symbolic
+# row length), so they keep the entries of the next tuned N that runs a row kernel, as before.
+HEADS_MIN_MULTIPLE = 8
+
+
 def bucket(n: int, tuned: list[int]) -> int | None:
     """The tuned N whose config a row of length n uses: the smallest >= n (None if none is)."""
     above = [t for t in tuned if t >= n]
@@ -173,7 +179,10 @@ def pinned(entry: str, n: int, dtype: str, gpu: str, capability=None) -> Pinned:
     borrowed = "" if how == "tuned" else f", {how}"
     for candidate in (dtype, SAME_SIZE.get(dtype), *sorted(by_dtype)):
         same_bytes_n = max(1, n * ITEMSIZE[dtype] // ITEMSIZE.get(candidate, ITEMSIZE[dtype]))
-        b = bucket(same_bytes_n, [int(k) for k in by_dtype.get(candidate or "", {})])
+        keys = by_dtype.get(candidate or "", {})
+        if n % HEADS_MIN_MULTIPLE:
+            keys = {k: v for k, v in keys.items() if not v["kernel"].endswith("_heads")}
+        b = bucket(same_bytes_n, [int(k) for k in keys])
         if b is not None:
             hit = by_dtype[candidate][str(b)]
             if candidate in (dtype, SAME_SIZE.get(dtype)):
