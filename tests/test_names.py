@@ -58,7 +58,7 @@ def test_llm_samples_record_the_model_and_how_it_was_run():
 # an LLM sample's name as committed files cite it: <dsl>-<op>-<model>-<YYYYMMDD>-<k>
 SAMPLE_NAME = re.compile(r"\b(?:triton|helion|cute|gluon)-(?:add_rmsnorm|rmsnorm|layernorm)-[a-z][a-z0-9-]*?-\d{8}-\d+\b")
 # a report folder is named by what it holds: a date, a GPU, or words (a dtype, a variant letter)
-REPORT_WORD = re.compile(r"[a-z_]+|bf16|fp16|fp32|h100|h200|[A-Z]")
+REPORT_WORD = re.compile(r"[a-z_]+|bf16|fp16|fp32|fp8|h100|h200|[A-Z]")
 
 
 def test_committed_files_cite_only_stored_samples_and_name_report_folders_by_content():
