@@ -54,7 +54,7 @@ from pathlib import Path
 
 import torch
 
-from harness.run.environment import environment
+from harness.run import models
 from harness.run.environment import gpu_id as environment_gpu_id
 from harness.run.models import (
     ARCHS,
@@ -448,11 +448,7 @@ def markdown(reps: list[dict]) -> str:
 
 
 def write_reports(out: Path, rep: dict, command: str) -> Path:
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / report_name(rep)
-    path.write_text(json.dumps({"command": command, "environment": environment(rep["device"]), **rep}, indent=1))
-    write_markdown(out)
-    return path
+    return models.write_reports(out, rep, command, report_name(rep), write_markdown)
 
 
 def write_markdown(out: Path) -> Path:

@@ -727,11 +727,13 @@ def _count(names: dict) -> dict:
     return out
 
 
-def write_reports(out: Path, rep: dict, command: str) -> Path:
+def write_reports(out: Path, rep: dict, command: str, name: str | None = None, rebuild=None) -> Path:
+    """``rep`` as ``out/name`` (default: ``report_name``), with its command and environment, then
+    the folder's Markdown rebuilt (``rebuild``, default: ``write_markdown``)."""
     out.mkdir(parents=True, exist_ok=True)
-    path = out / report_name(rep)
+    path = out / (name or report_name(rep))
     path.write_text(json.dumps({"command": command, "environment": environment(rep["device"]), **rep}, indent=1))
-    write_markdown(out)
+    (rebuild or write_markdown)(out)
     return path
 
 

@@ -17,7 +17,7 @@ part of the contract, so that graph asks Inductor to emulate precision casts (ke
 import torch
 
 from harness.spec.fp8 import AMAX_FLOOR, E4M3_MAX, FP8_DTYPE
-from impls.compile.kernels import _key, _private_copy
+from impls.compile import kernels
 
 
 def _quantize(y, group):
@@ -49,46 +49,17 @@ FORMULAS = {"rmsnorm_fp8_fwd": _rms_fp8, "add_rmsnorm_fp8_fwd": _add_rms_fp8}
 EXACT_CASTS = ("add_rmsnorm_fp8_fwd",)
 
 
-class _Compiled:
-    """The FP8 contract functions, one static-shape compiled copy per function, argument layout and
-    group."""
+class _Compiled(kernels._Compiled):
+    """The FP8 contract functions, compiled as kernels.py compiles the norms, one copy per group too."""
 
-    def __init__(self, mode: str, backend: str = "inductor"):
-        self._opts = (
-            {"mode": mode, "dynamic": False} if backend == "inductor" else {"backend": backend, "dynamic": False}
-        )
-        self._exact = (
-            {"options": {**torch._inductor.list_mode_options(mode), "emulate_precision_casts": True}, "dynamic": False}
-            if backend == "inductor"
-            else self._opts
-        )
-        self._fns: dict = {}
-        self._eps: dict = {}
-
-    def _run(self, name, group, *args):
-        key = (name, group, *(_key(a) for a in args if isinstance(a, torch.Tensor)))
-        fn = self._fns.get(key)
-        if fn is None:
-            opts = self._exact if name in EXACT_CASTS else self._opts
-            fn = self._fns[key] = torch.compile(_private_copy(FORMULAS[name], len(self._fns)), **opts)
-        return fn(*args, group)
-
-    def _eps_tensor(self, eps: float, device: torch.device) -> torch.Tensor:
-        key = (eps, device)
-        t = self._eps.get(key)
-        if t is None:
-            t = torch.full((), eps, dtype=torch.float32, device=device)
-            if not (device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
-                if len(self._eps) >= 64:
-                    self._eps.clear()
-                self._eps[key] = t
-        return t
+    FORMULAS = FORMULAS
+    EXACT_CASTS = EXACT_CASTS
 
     def rmsnorm_fp8_fwd(self, x, weight, eps, group):
-        return self._run("rmsnorm_fp8_fwd", group, x, weight, self._eps_tensor(eps, x.device))
+        return self._run("rmsnorm_fp8_fwd", x, weight, self._eps_tensor(eps, x.device), static=(group,))
 
     def add_rmsnorm_fp8_fwd(self, x, residual, weight, eps, group):
-        return self._run("add_rmsnorm_fp8_fwd", group, x, residual, weight, self._eps_tensor(eps, x.device))
+        return self._run("add_rmsnorm_fp8_fwd", x, residual, weight, self._eps_tensor(eps, x.device), static=(group,))
 
 
 def make(mode: str = "default", backend: str = "inductor") -> _Compiled:

@@ -127,7 +127,12 @@ EXACT_CASTS = ("add_rmsnorm_fwd",)
 
 
 class _Compiled:
-    """The contract functions, one static-shape compiled copy per function and argument layout."""
+    """The contract functions, one static-shape compiled copy per function and argument layout
+    (and per value of ``static``: Python arguments a graph is specialised on, such as the FP8 ops'
+    group)."""
+
+    FORMULAS = FORMULAS
+    EXACT_CASTS = EXACT_CASTS
 
     def __init__(self, mode: str, backend: str = "inductor"):
         self._opts = dict(mode=mode, dynamic=False) if backend == "inductor" else dict(backend=backend, dynamic=False)
@@ -140,15 +145,15 @@ class _Compiled:
         self._fns: dict = {}
         self._eps: dict = {}
 
-    def _run(self, name, *args):
+    def _run(self, name, *args, static=()):
         # keyed on every tensor's shape, strides and dtype: a weight present or None is a guard of
         # one compiled copy, not a new copy
-        key = (name, *(_key(a) for a in args if isinstance(a, torch.Tensor)))
+        key = (name, *static, *(_key(a) for a in args if isinstance(a, torch.Tensor)))
         fn = self._fns.get(key)
         if fn is None:
-            opts = self._exact if name in EXACT_CASTS else self._opts
-            fn = self._fns[key] = torch.compile(_private_copy(FORMULAS[name], len(self._fns)), **opts)
-        return fn(*args)
+            opts = self._exact if name in self.EXACT_CASTS else self._opts
+            fn = self._fns[key] = torch.compile(_private_copy(self.FORMULAS[name], len(self._fns)), **opts)
+        return fn(*args, *static)
 
     def _eps_tensor(self, eps: float, device: torch.device) -> torch.Tensor:
         key = (eps, device)

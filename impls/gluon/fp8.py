@@ -33,6 +33,7 @@ from triton.experimental.gluon import language as gl
 
 from harness.spec.fp8 import AMAX_FLOOR, FP8_DTYPE, GROUP_BLOCK
 
+from .kernels import compile_kernel
 from .plan import Plan, plan
 
 _COMPILE_ONLY: list = []
@@ -180,39 +181,6 @@ def _fp8_kernel(
 
 
 # ==================================================================================== host
-_SIG = {torch.bfloat16: "*bf16", torch.float16: "*fp16", torch.float32: "*fp32", FP8_DTYPE: "*fp8e4nv"}
-
-
-def compile_kernel(kernel, args: dict, constexprs: dict, num_warps: int, capability: int = 90):
-    """Compile ``kernel`` for ``sm_<capability>`` without a GPU, specialised as a launch with these
-    arguments would be (16-byte aligned pointers, integers divisible by 16 where they are)."""
-    from triton.backends.compiler import GPUTarget
-
-    try:
-        from triton.experimental.gluon import GluonASTSource  # triton >= 3.7
-    except ImportError:
-        from triton.experimental.gluon._runtime import GluonASTSource  # triton 3.6
-
-    signature, attrs = {}, {}
-    for name in kernel.arg_names:
-        if name in constexprs:
-            signature[name] = "constexpr"
-            continue
-        value = args[name]
-        index = (kernel.arg_names.index(name),)
-        if isinstance(value, torch.Tensor):
-            signature[name] = _SIG[value.dtype]
-            attrs[index] = [["tt.divisibility", 16]]
-        elif isinstance(value, float):
-            signature[name] = "fp32"
-        else:
-            signature[name] = "i32"
-            if value % 16 == 0 and name not in kernel.do_not_specialize:
-                attrs[index] = [["tt.divisibility", 16]]
-    src = GluonASTSource(kernel, signature, constexprs, attrs)
-    return triton.compile(src, target=GPUTarget("cuda", capability, 32), options={"num_warps": num_warps})
-
-
 class compile_only:
     """``with compile_only() as compiled:`` the FP8 functions compile their kernel for sm_90a
     instead of launching it (outputs unwritten); ``compiled`` lists what was compiled."""

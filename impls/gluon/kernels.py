@@ -398,7 +398,7 @@ def _launch(kernel, grid, args: dict, constexprs: dict, num_warps: int):
     launch_named(kernel, grid, {**args, **constexprs}, num_warps)
 
 
-_SIG = {torch.bfloat16: "*bf16", torch.float16: "*fp16", torch.float32: "*fp32"}
+_SIG = {torch.bfloat16: "*bf16", torch.float16: "*fp16", torch.float32: "*fp32", torch.float8_e4m3fn: "*fp8e4nv"}
 
 
 def compile_kernel(kernel, args: dict, constexprs: dict, num_warps: int, capability: int = 90):

@@ -34,9 +34,8 @@ import torch
 from harness.spec.fp8 import AMAX_FLOOR, E4M3_MAX, FP8_DTYPE
 
 from .configs import launch
-from .imports import RefMode, kernel
-
-COMPILED = {"static_shapes": False, "ref_mode": RefMode.OFF}
+from .imports import kernel
+from .kernels import COMPILED
 
 
 @kernel(**COMPILED)
