@@ -14,6 +14,8 @@
 # sweep's, default '*,!compile-max-autotune'), BENCH_ARGS (more bench options, e.g. '--rep-ms 25
 # --warmup-ms 5'), REPEAT=1 (a second serial sweep: the run-to-run noise; else the trials' spread),
 # LIMIT_S (seconds this invocation may take: a machine lent per command; exit 3 = run it again),
+# STEPS (a shell pattern over the step names, e.g. 'sweep-serial': run only those now, the rest on
+# a later invocation; the comparison waits for both runs),
 # NB (the command; default normbench, else python3 -m harness).
 set -uo pipefail
 out=${1:?usage: tools/scale_out.sh OUT [N]}
@@ -30,6 +32,8 @@ step() {  # STEP RUN ARGS...: normbench ARGS unless OUT/STEP.done; RUN's caches,
   local name=$1 run=$2 t0 rc left lim=()
   shift 2
   [ -e "$out/$name.done" ] && return 0
+  # shellcheck disable=SC2254
+  case $name in ${STEPS:-*}) ;; *) echo "$name: not in STEPS, left for a later invocation"; return 0 ;; esac
   if [ -n "${LIMIT_S:-}" ]; then
     left=$((LIMIT_S - (SECONDS - start)))
     [ "$left" -lt 60 ] && { echo "out of time before $name: run the script again"; exit 3; }
@@ -51,7 +55,9 @@ step() {  # STEP RUN ARGS...: normbench ARGS unless OUT/STEP.done; RUN's caches,
   echo "$name: done, $(cat "$out/$run.seconds") s in all"
 }
 
-compare() {  # TARGET SERIAL FANNED [NOISE]
+compare() {  # TARGET SERIAL FANNED [NOISE], once both runs have ended
+  [ -e "$out/$2.done" ] || [ -e "$out/$2-bench.done" ] || return 0
+  [ -e "$out/$3.done" ] || [ -e "$out/$3-bench.done" ] || return 0
   python3 "$here/compare_runs.py" "$out/$2" "$out/$3" ${4:+--noise "$out/$4"} --wall "$(cat "$out/$2.seconds")" "$(cat "$out/$3.seconds")" \
     --json "$out/$1-compare.json" > "$out/$1-compare.md" && cat "$out/$1-compare.md"
 }
