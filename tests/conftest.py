@@ -8,6 +8,12 @@ if not torch.cuda.is_available():
     # the interpreter must be on before anything (Helion included) imports triton.
     # (Helion's own interpreter is switched on around each call: harness.spec.interpreters.interpreter_env)
     os.environ.setdefault("TRITON_INTERPRET", "1")
+    if os.environ["TRITON_INTERPRET"] == "1" and importlib.util.find_spec("torch._inductor") is not None:
+        # Inductor's triton_helpers (maximum, minimum, ...) are jit functions, decorated as the
+        # interpreter's only if imported while it is on; Helion's generated code calls them, and a
+        # test that imports them first with the interpreter off (Helion's eager mode) left them
+        # compiled-only for every later interpreted kernel of the process
+        import torch._inductor.runtime.triton_helpers  # noqa: F401
 
 import pytest  # noqa: E402
 

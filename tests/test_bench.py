@@ -493,3 +493,61 @@ def test_a_failed_point_is_drawn_at_the_floor_in_its_colour():
     fig = report.figure({"gpu": "Fake GPU"}, rows[:1], "rmsnorm", "fwd", "bf16")
     assert report.FAILED_LABEL not in [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
     plt.close(fig)
+
+
+def test_short_kernels_are_timed_in_flushed_graphs_and_say_so(tmp_path, monkeypatch):
+    """Points moving at most FLUSHED_GRAPH_MAX_BYTES ask the timer for flushed graph replays, decode
+    for warm ones, the rest for do_bench; each row records what it got (a timer that could not
+    capture falls back to events and says so)."""
+    from harness.run.bench import timing_mode
+    from harness.run.timer import FLUSHED_GRAPH_MAX_BYTES
+
+    assert timing_mode("perhead", FLUSHED_GRAPH_MAX_BYTES) == "graph+flush"
+    assert timing_mode("perhead", FLUSHED_GRAPH_MAX_BYTES + 1) == "events"
+    assert timing_mode("decode", FLUSHED_GRAPH_MAX_BYTES + 1) == "graph"
+    assert timing_mode("sweep", 0) == "events"
+
+    asked = []
+
+    class Timer(FakeTimer):
+        def time(self, fn, graph=False):
+            asked.append(graph)
+            trials, _ = super().time(fn, graph)
+            return trials, graph == "flushed"  # captures flushed graphs only
+
+    import harness.run.bench as bench
+
+    monkeypatch.setattr(bench, "FLUSHED_GRAPH_MAX_BYTES", 2 * 64 * 256 * 4)  # 64x256 fp32 fwd: short
+    timer = Timer({"eager": 1.0})
+    timer.current = "eager"
+    shapes = [("sweep", (Shape((64, 256)), Shape((64, 512)))), ("decode", (Shape((4, 256)),))]
+    _, rows = run_bench([get("eager")], ["rmsnorm"], ["fwd"], shapes, ["fp32"], tmp_path, device="cpu", timer=timer,
+                        copy_bandwidth={"tbps": 0.001}, progress=False)  # fmt: skip
+    got = {r["shape"]: (r["timing"], r["graph"]) for r in rows}
+    assert got == {"64x256": ("graph+flush", True), "64x512": ("events", False), "4x256": ("events", False)}
+    assert asked == ["flushed", False, True]
+    assert all(r["timing"] == got[r["shape"]][0] for r in load_results(tmp_path / "results.jsonl"))
+
+
+@pytest.mark.gpu
+def test_a_flushed_graph_times_a_short_copy_near_the_copy_bandwidth_whatever_the_host_adds():
+    """A 64 MB copy (~20 us) timed as flushed graph replays, its callable padded with 300 us of host
+    work: near the copy bandwidth all the same (do_bench would time the host's 300 us)."""
+    import time as _time
+
+    from harness.run.timer import CudaTimer, measure_copy_bandwidth
+
+    x = torch.randint(0, 255, (2**25,), dtype=torch.uint8, device="cuda")
+    y = torch.empty_like(x)
+
+    def slow_host_copy():
+        t0 = _time.perf_counter()
+        while _time.perf_counter() - t0 < 300e-6:
+            pass
+        y.copy_(x)
+
+    trials, used = CudaTimer(trials=2).time(slow_host_copy, graph="flushed")
+    assert used
+    got = tbps(2 * x.numel(), summarize(trials)["ms"])
+    bw = measure_copy_bandwidth(0.5)["tbps"]
+    assert 0.5 * bw < got < 1.2 * bw, (got, bw)

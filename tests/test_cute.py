@@ -1,7 +1,9 @@
 """CuTe DSL kernels: every variant compiles for sm_90a without a GPU, and every launch shape the
-host side can pick is one Hopper accepts (or a clear ValueError). On the GPU: add_rmsnorm and fp32
-weights against the fp64 reference, NaN where the statistics overflow, and CuTe-specific behaviour
-(no recompilation for a new M, deterministic backward). The registry-driven tests check the rest."""
+host side can pick is one Hopper accepts (or a clear ValueError); the FP8-output kernels compile to
+the hardware's saturating conversion and vector-wide stores of q, and their 1 x 128 blocks map onto
+lane groups. On the GPU: add_rmsnorm and fp32 weights against the fp64 reference, the FP8 ops
+against the exact checker, NaN where the statistics overflow, and CuTe-specific behaviour (no
+recompilation for a new M, deterministic backward). The registry-driven tests check the rest."""
 
 import math
 import os
@@ -10,13 +12,17 @@ import re
 import pytest
 import torch
 
+# compile for Hopper with no driver present: read when cutlass is imported (set after it, the DSL
+# detects no GPU and targets sm_100a)
+os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
 pytest.importorskip("cutlass")
-os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")  # compile for Hopper with no driver present
 
 from harness.spec import reference  # noqa: E402
-from harness.run.checker import compare, poisoned_allocations  # noqa: E402
+from harness.run.checker import _check_tensors, compare, poisoned_allocations, run_check  # noqa: E402
+from harness.spec.fp8 import GROUP_BLOCK  # noqa: E402
 from harness.spec.inputs import make_case  # noqa: E402
-from harness.spec.shapes import SHAPE_SETS  # noqa: E402
+from harness.spec.shapes import SHAPE_SETS, Shape  # noqa: E402
+from impls.cute import fp8 as F8  # noqa: E402
 from impls.cute import kernels as K  # noqa: E402
 from impls.cute import plan as P  # noqa: E402
 
@@ -83,10 +89,10 @@ def test_fp16_x_with_fp32_weights_and_narrow_vectors_compile():
         assert K.compile_only(op, direction, FP16, 1000, vec=2, wdtype=FP32) > 0
 
 
-def _compiled_smem(key) -> int:
+def _compiled_smem(key, compiled=K._COMPILED) -> int:
     """The dynamic shared memory the DSL itself computed for this compiled kernel: the i64 stored
     into the launch configuration's third field, in the host function's LLVM IR."""
-    ir = str(K._COMPILED[key][0].ir_module)
+    ir = str(compiled[key][0].ir_module)
     cfg = r"!llvm\.struct<\(array<3 x i32>, array<3 x i32>, i64, ptr, ptr, i32\)>"
     gep = re.search(rf"(%\d+) = llvm\.getelementptr %\d+\[0, 2\] : \(!llvm\.ptr\) -> !llvm\.ptr, {cfg}", ir)
     assert gep, "launch configuration not found in the host IR"
@@ -471,3 +477,195 @@ def test_backward_ring_rounds_ctas_up_only_without_spilling_or_losing_a_stage():
     threads, add = ring(1024, "rmsnorm", residual=True)
     assert (threads, add.ctas_per_sm, add.stages) == (128, 4, 3)
     assert ring(1024)[1].stages == 4
+
+
+# ---------------------------------------------------------------------------- FP8 output
+# (op, x's dtype, N, grouping, weight dtype). Register rows: per row (a thread's 4 vectors converted
+# at once) and per block over a run of 2 vectors (N = 256: 16 rows a CTA, 8 lanes a block); staged
+# rows with an fp32 weight from L2 a vector at a time; a staged cluster per row (the second
+# exchange, its own mbarrier); 4-byte vectors (fp32 x: 32 lanes a block); one-element vectors
+# (N = 1001) without a weight. 1-3 s of compile each on 2 cores.
+FP8_COMPILES = [
+    ("rmsnorm_fp8", BF16, 4096, "token", BF16),
+    ("add_rmsnorm_fp8", FP16, 256, "g128", FP32),
+    ("add_rmsnorm_fp8", BF16, 16384, "g128", FP32),
+    ("rmsnorm_fp8", FP16, 65536, "token", FP32),
+    ("rmsnorm_fp8", FP32, 4096, "g128", FP32),
+    ("rmsnorm_fp8", BF16, 1001, "token", None),
+]
+
+
+def _fp8_key(op, dtype, n, grouping, wdtype):
+    return F8._key_of(op, dtype, n, n if grouping == "token" else GROUP_BLOCK, None, wdtype, False)
+
+
+def _store_bytes(ptx: str) -> list[int]:
+    """Bytes of each global store in the kernel's PTX (st.global.v4.b16: 8)."""
+    return [int(v or 1) * int(b) // 8 for v, b in re.findall(r"st\.global(?:\.v(\d))?\.b(\d+)", ptx)]
+
+
+def _fp8_id(v) -> str:
+    return str(v).removeprefix("torch.")
+
+
+@pytest.mark.parametrize("op,dtype,n,grouping,wdtype", FP8_COMPILES, ids=_fp8_id)
+def test_fp8_compiles_to_the_hardware_conversion_and_vector_stores(op, dtype, n, grouping, wdtype):
+    """Built for sm_90a: y converted by cvt.rn.satfinite.e4m3x2.f32 (nearest even, saturating), one
+    instruction per pair of a thread's elements; a clamp to +-448 before it; the scale an IEEE
+    division and reciprocal; q stored one vector of vec bytes per store (never a byte at a time
+    where the vector is wider)."""
+    ptx = F8.compiled_ptx(op, dtype, n, n if grouping == "token" else GROUP_BLOCK, wdtype=wdtype)
+    L = _fp8_key(op, dtype, n, grouping, wdtype)[-1]
+    body = ptx[ptx.index(".entry"):]
+    assert ".target sm_90a" in ptx
+    assert len(re.findall(r"cvt\.rn\.satfinite\.e4m3x2\.f32", body)) == -(-L.vec * L.vecs_per_thread // 2)
+    assert "0f43E00000" in body and "0fC3E00000" in body  # the clamp's +-448
+    assert "div.rn.f32" in body and "rcp.rn.f32" in body and not re.search(r"div\.(approx|full)\.f32", body)
+    stores = _store_bytes(body)
+    if L.vec > 1:
+        assert min(stores) >= min(L.vec, 4), stores
+        assert stores.count(L.vec) >= L.vecs_per_thread, stores
+
+
+@pytest.mark.parametrize("case", [FP8_COMPILES[1], FP8_COMPILES[3]], ids=["narrow-g128", "cluster-token"])
+def test_fp8_shared_memory_model_matches_the_compiler(case):
+    """Its reduction buffer has a slot, and in a cluster an mbarrier, per exchange."""
+    key = _fp8_key(*case)
+    F8.compile_kernel(key)
+    op, dtype, n, _, _, per_row, launch = key
+    smem = F8.shared_memory_bytes(launch, dtype.itemsize, op == "add_rmsnorm_fp8", per_row)
+    assert _compiled_smem(key, F8._COMPILED) == smem <= P.SMEM_LIMIT
+
+
+def test_fp8_blocks_are_lane_groups_of_one_warp():
+    """Every 1 x 128 block of a row is exactly one (lane group, run of vectors) of block_lanes in
+    one warp, and the group's first lane at the run's first vector is at the block's first column
+    (the lane that stores its scale), at every N of the shape sets that 128 divides, 16- and
+    32-bit x, vectors of 4 or more, many rows and few; narrower vectors are refused (copied
+    first). Every launch also passes check_launch with this kernel's shared memory."""
+    ns = sorted({s.n for shapes in SHAPE_SETS.values() for s in shapes if s.n > 0 and s.n % GROUP_BLOCK == 0}
+                | {128, 384, 640, 16512, 32896})  # fmt: skip
+    for n in ns:
+        for dtype in (BF16, FP32):
+            for vec in sorted({16 // dtype.itemsize, 4}):
+                for op in ("rmsnorm_fp8", "add_rmsnorm_fp8"):
+                    for few in (False, True):
+                        L = F8.kernel_key(op, dtype, n, vec, dtype, False, few)[-1]
+                        assert F8.blocks_fit(L), (n, dtype, vec, L)
+                        lanes, run = F8.block_lanes(L)
+                        tpr, S = L.threads_per_row, L.vec * L.threads_per_row
+                        owner = {}
+                        for rank in range(L.cluster_n):
+                            for t in range(tpr):
+                                for k in range(L.vecs_per_thread):
+                                    col = rank * L.chunk + k * S + t * L.vec
+                                    if col >= n:
+                                        continue
+                                    group = (rank, t // lanes, k // run)
+                                    assert owner.setdefault(col // GROUP_BLOCK, group) == group, (n, L, col)
+                                    if t % lanes == 0 and k % run == 0:
+                                        assert col % GROUP_BLOCK == 0, (n, L, col)
+                        assert sorted(owner) == list(range(n // GROUP_BLOCK)), (n, L)
+                        assert lanes <= 32 and 32 % lanes == 0 and tpr % lanes == 0, (n, L)
+                        assert len(set(owner.values())) == n // GROUP_BLOCK, (n, L)
+    for vec in (1, 2):
+        assert not F8.blocks_fit(F8.kernel_key("rmsnorm_fp8", BF16, 4096, vec, BF16, False)[-1])
+
+
+def test_fp8_record():
+    from harness.registry import get
+    from harness.spec.ops import FP8_OPS
+
+    impl = get("cute")
+    assert set(FP8_OPS) <= set(impl.ops) and impl.extra_entries == ("impls.cute.fp8",)
+    assert "impls/cute/fp8.py" in impl.sources
+
+
+# (shape, what it reaches): many rows a CTA and a run of vectors per block; a column slice; a row
+# of one-element vectors (per token only); staged rows, many and few (few: the register path);
+# a cluster of register rows; staged clusters, the widest 16 CTAs
+FP8_SHAPES = [Shape((64, 256)), Shape((37, 1024), "column-slice"), Shape((37, 1001)), Shape((300, 16384)),
+              Shape((5, 16384)), Shape((3, 16512)), Shape((300, 65536)), Shape((2, 262144))]  # fmt: skip
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    "dtype,weights", [("bf16", "same"), ("bf16", "fp32"), ("bf16", "offset"), ("fp16", "fp32"), ("fp32", "same")]
+)
+def test_fp8_against_the_exact_checker(dtype, weights):
+    """q, the scales, residual_out and rstd of both FP8 ops, per token and per 1 x 128 block, as the
+    exact checker holds them, in every row regime."""
+    from harness.registry import get
+    from harness.spec.ops import FP8_OPS, get_op
+
+    failures = []
+    for op in FP8_OPS:
+        for shape in FP8_SHAPES:
+            if get_op(op).unsupported(shape.n):
+                continue
+            for affine in (True, False) if weights == "same" else (True,):
+                r = run_check(get("cute"), op, "fwd", shape, dtype, "cuda", weights=weights, affine=affine)
+                if not r.passed:
+                    failures.append(f"{op} {shape.label} affine={affine}: {r.status} {r.summary()}")
+    assert not failures, "\n".join(failures)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n", [256, 4096, 16384, 65536])
+def test_fp8_add_is_the_norm_of_residual_out_and_misaligned_rows_match(n):
+    """add_rmsnorm_fp8's q, scales and rstd are rmsnorm_fp8's on residual_out, to the bit; rows
+    whose vectors are too narrow for lane-group blocks (a view 2 elements off) are copied, and give
+    what the contiguous rows give."""
+    k = _kernels()
+    g = torch.Generator(device="cuda").manual_seed(6)
+    x = torch.randn(300, n, device="cuda", generator=g).to(BF16)
+    res = torch.randn(300, n, device="cuda", generator=g).to(BF16)
+    w = torch.randn(n, device="cuda", generator=g)
+    for group in (n, GROUP_BLOCK):
+        q, scale, h, rstd = k.add_rmsnorm_fp8_fwd(x, res, w, 1e-5, group)
+        assert torch.equal(h, (x.float() + res.float()).to(BF16))
+        q2, scale2, rstd2 = k.rmsnorm_fp8_fwd(h, w, 1e-5, group)
+        assert torch.equal(q.view(torch.uint8), q2.view(torch.uint8))
+        assert torch.equal(scale, scale2) and torch.equal(rstd, rstd2)
+    for op in ("rmsnorm_fp8_token", "rmsnorm_fp8_g128"):
+        case = make_case(op, Shape((300, n)), BF16, "cuda", seed=7)
+        wide = torch.zeros(300, n + 2, device="cuda", dtype=BF16)
+        wide[:, 2:] = case["x"]
+        case["x"] = wide[:, 2:]  # a 4-byte pointer: 2-element vectors
+        _assert_all(_check_tensors(k, op, "fwd", case))
+        if op.endswith("g128"):  # copied: the contiguous rows' kernel, the same bits
+            shifted = k.rmsnorm_fp8_fwd(case["x"], case["weight"], case["eps"], GROUP_BLOCK)
+            plain = k.rmsnorm_fp8_fwd(case["x"].contiguous(), case["weight"], case["eps"], GROUP_BLOCK)
+            assert all(torch.equal(a.float(), b.float()) for a, b in zip(shifted, plain))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n", [256, 16384, 65536])  # register rows, a staged row, a staged cluster
+@pytest.mark.parametrize("grouping", ["token", "g128"])
+def test_fp8_overflowing_statistics_give_nan(grouping, n):
+    """A bf16 row near 1e30 (x^2 overflows fp32): rstd NaN, and q and that row's scales NaN, never
+    the floor's scale or a saturated 448; the rows beside stay finite."""
+    k = _kernels()
+    g = torch.Generator(device="cuda").manual_seed(5)
+    x = torch.randn(3, n, generator=g, device="cuda")
+    x[1] *= 1e30
+    x = x.to(BF16)
+    w = torch.ones(n, device="cuda", dtype=BF16)
+    q, scale, rstd = k.rmsnorm_fp8_fwd(x, w, 1e-5, n if grouping == "token" else GROUP_BLOCK)
+    q = q.float()
+    assert torch.isnan(rstd[1]) and torch.isnan(q[1]).all() and torch.isnan(scale[1]).all()
+    assert torch.isfinite(q[[0, 2]]).all() and torch.isfinite(scale[[0, 2]]).all()
+
+
+@pytest.mark.gpu
+def test_fp8_new_m_does_not_recompile():
+    n = 2944  # a width no other test compiles for
+    x = torch.randn(400, n, device="cuda", dtype=BF16)
+    w = torch.randn(n, device="cuda", dtype=BF16)
+    k = _kernels()
+    for group in (n, GROUP_BLOCK):
+        before = set(F8.COMPILE_SECONDS)
+        for m in (1, 17, 131, 400):
+            k.rmsnorm_fp8_fwd(x[:m], w, 1e-5, group)
+        # one kernel, and at most a second for few rows (no more rows than SMs)
+        assert 1 <= len(set(F8.COMPILE_SECONDS) - before) <= 2

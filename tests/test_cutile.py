@@ -1,17 +1,23 @@
 """cuTile kernels: the record and the launch plans (no cuda-tile needed), a compile for sm_90 of
 every op x direction x row regime (cuTile has no CPU interpreter; ``tileiras`` compiles without a
-GPU), and on a GPU add + RMSNorm, fp32 weights and overflowing statistics against fp64. The
-registry-driven tests (tests/test_implementations.py) run every shape set on the GPU."""
+GPU), the FP8 kernels' too, and on a GPU add + RMSNorm, fp32 weights, overflowing statistics and
+the FP8 ops against fp64 and the exact checker. The registry-driven tests
+(tests/test_implementations.py) run every shape set on the GPU."""
 
 import importlib.util
+import os
+import shutil
+import subprocess
 
 import pytest
 import torch
 
-from harness.run.checker import compare, poisoned_allocations
+from harness.run.checker import compare, poisoned_allocations, run_check
 from harness.spec.contract import DTYPES
+from harness.spec.fp8 import GROUP_BLOCK
 from harness.spec.inputs import make_case
-from harness.spec.shapes import SHAPE_SETS
+from harness.spec.ops import FP8_OPS, get_op
+from harness.spec.shapes import SHAPE_SETS, Shape
 
 from .conftest import DEVICE, HAS_CUDA
 from .gpu_only_dsl import (
@@ -38,8 +44,9 @@ def test_record_imports_nothing_heavy_and_says_why_it_cannot_run():
     from harness.registry import get
 
     impl = get("cutile")
-    assert impl.dsl == "cutile" and set(impl.ops) == {"rmsnorm", "layernorm", "add_rmsnorm"}
-    assert "impls.cutile.kernels" not in sys.modules or HAS_CUTILE
+    assert impl.dsl == "cutile" and set(impl.ops) == {"rmsnorm", "layernorm", "add_rmsnorm", *FP8_OPS}
+    assert impl.extra_entries == ("impls.cutile.fp8",) and "impls/cutile/fp8.py" in impl.sources
+    assert not {"impls.cutile.kernels", "impls.cutile.fp8"} & set(sys.modules) or HAS_CUTILE
     assert impl.unavailable("cpu") == "runs on cuda only, not cpu"
     why = impl.unavailable("cuda")
     if not HAS_CUDA:
@@ -120,6 +127,68 @@ def test_every_kernel_compiles_for_sm90(cutile_kernels, n, dtype, param_dtype):
             # an ELF whose e_flags name the SM: 90 in bits 8-15 (sm_90)
             assert cubin[:4] == b"\x7fELF" and len(cubin) > 1000, (op, direction, name)
             assert (int.from_bytes(cubin[0x30:0x34], "little") >> 8) & 0xFF == 90, (op, direction, name)
+
+
+def _nvdisasm() -> str | None:
+    """A disassembler for sm_90 cubins: on the PATH, or the one Triton's wheel ships."""
+    found = shutil.which("nvdisasm")
+    spec = importlib.util.find_spec("triton")  # found, not imported
+    if found is None and spec is not None:
+        for root in spec.submodule_search_locations or ():
+            path = os.path.join(root, "backends", "nvidia", "bin", "nvdisasm")
+            if os.access(path, os.X_OK):
+                return path
+    return found
+
+
+# The FP8 kernels, bf16 x with fp32 weights (the offset variant reaches them as fp32 weights too):
+# each code path (a row in one tile or walked in chunks, x per token or per 1 x 128 block) once, the
+# residual on two of them, so that every pair of op, grouping and row regime is compiled. N = 1000
+# is a padded row, several to a tile; 20480 runs as five chunks.
+FP8_COMPILES = [("rmsnorm_fp8", "token", 1000), ("rmsnorm_fp8", "g128", 20480),
+                ("add_rmsnorm_fp8", "g128", 512), ("add_rmsnorm_fp8", "token", 20480)]  # fmt: skip
+
+
+def _compile_fp8(op, grouping, n) -> bytes:
+    from impls.cutile import fp8
+
+    x = torch.randn(64, n).bfloat16()
+    w = torch.ones(n)
+    group = n if grouping == "token" else GROUP_BLOCK
+    with fp8.compile_only() as compiled:
+        if op == "rmsnorm_fp8":
+            fp8.rmsnorm_fp8_fwd(x, w, 1e-5, group)
+        else:
+            fp8.add_rmsnorm_fp8_fwd(x, x.clone(), w, 1e-5, group)
+    assert [name for name, _ in compiled] == ["_fp8_kernel"], compiled
+    return compiled[0][1]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("op,grouping,n", FP8_COMPILES, ids=[f"{o}-{g}-{n}" for o, g, n in FP8_COMPILES])
+def test_fp8_kernels_compile_for_sm90(cutile_kernels, op, grouping, n):
+    """One kernel per call, an sm_90 cubin, on the row path the plan gives N."""
+    from impls.cutile.plan import plan
+
+    assert plan("fwd", 64, n).wide == (n > 8192)
+    cubin = _compile_fp8(op, grouping, n)
+    assert cubin[:4] == b"\x7fELF" and (int.from_bytes(cubin[0x30:0x34], "little") >> 8) & 0xFF == 90
+
+
+def test_fp8_conversion_is_the_hardware_saturating_one(cutile_kernels, tmp_path):
+    """``ct.astype(v, ct.float8_e4m3fn)`` (Tile IR's ftof, which has no saturation attribute) comes
+    out of tileiras as F2FP.SATFINITE.E4M3.F32 on sm_90: nearest even, +-448 past the range, NaN
+    kept; no conversion without SATFINITE. Read from the SASS (a disassembler takes about a second:
+    one kernel, the 1 x 128 blocks of a row in one tile)."""
+    nvdisasm = _nvdisasm()
+    if nvdisasm is None:
+        pytest.skip("no nvdisasm here (on the PATH or in Triton's wheel)")
+    (tmp_path / "k.cubin").write_bytes(_compile_fp8("add_rmsnorm_fp8", "g128", 512))
+    sass = subprocess.run(
+        [nvdisasm, "-c", str(tmp_path / "k.cubin")], capture_output=True, text=True, check=True
+    ).stdout
+    converts = [line for line in sass.splitlines() if "F2FP" in line and "E4M3" in line]
+    assert converts and all("F2FP.SATFINITE.E4M3.F32" in line for line in converts), converts
 
 
 def test_compile_only_leaves_nothing_launched(cutile_kernels):
@@ -220,3 +289,52 @@ def test_backward_is_deterministic(contract, op):
         first, second = (k.rmsnorm_bwd(dy, x, w, stats[1]) for _ in range(2))
     for a, b in zip(first, second):
         assert a is None or torch.equal(a, b)
+
+
+# FP8 rows beyond the shape sets: many rows to a tile, a column slice, the widest row in one tile,
+# and a chunked row whose last chunk is one 1 x 128 block (its other 31 blocks' scales clipped)
+FP8_SHAPES = (
+    Shape((64, 256)),
+    Shape((37, 1024), "column-slice"),
+    Shape((37, 1001)),
+    Shape((5, 8192)),
+    Shape((3, 8320)),
+)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    "dtype,weights", [("bf16", "same"), ("bf16", "fp32"), ("bf16", "offset"), ("fp16", "fp32"), ("fp32", "same")]
+)
+def test_fp8_against_the_exact_checker(contract, dtype, weights):
+    """q, the scales, residual_out and rstd of both FP8 ops, per token and per 1 x 128 block, as the
+    exact checker holds them (harness.run.checker: q within one e4m3 rounding boundary, the scales
+    from fp32's y)."""
+    from harness.registry import get
+
+    failures = []
+    for op in FP8_OPS:
+        for shape in FP8_SHAPES:
+            if get_op(op).unsupported(shape.n):
+                continue
+            r = run_check(get("cutile"), op, "fwd", shape, dtype, DEVICE, kernels=contract, weights=weights)
+            if not r.passed:
+                failures.append(f"{op} {shape.label}: {r.status} {r.summary()}")
+    assert not failures, "\n".join(failures)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n", [256, 8320])  # a row in one tile; a chunked row
+@pytest.mark.parametrize("grouping", ["token", "g128"])
+def test_fp8_overflowing_statistics_give_nan(contract, grouping, n):
+    """A bf16 row near 1e30 (x^2 overflows fp32): rstd NaN, and q and that row's scales NaN, never
+    the floor's scale or a saturated 448; the rows beside stay finite."""
+    g = torch.Generator(device=DEVICE).manual_seed(5)
+    x = torch.randn(3, n, generator=g, device=DEVICE)
+    x[1] *= 1e30
+    x = x.to(torch.bfloat16)
+    w = torch.ones(n, device=DEVICE, dtype=torch.bfloat16)
+    q, scale, rstd = contract.rmsnorm_fp8_fwd(x, w, 1e-5, n if grouping == "token" else GROUP_BLOCK)
+    q = q.float()
+    assert torch.isnan(rstd[1]) and torch.isnan(q[1]).all() and torch.isnan(scale[1]).all()
+    assert torch.isfinite(q[[0, 2]]).all() and torch.isfinite(scale[[0, 2]]).all()

@@ -14,7 +14,7 @@ from harness.spec.errors import plain_text
 
 CSV_FIELDS = (
     "impl", "dsl", "external", "op", "direction", "shape_set", "shape", "M", "N", "dtype", "weights", "status", "check",
-    "reason", "compile_s", "ms", "ms_p95", "spread", "noisy", "graph", "bytes_main", "bytes_extra", "tbps", "frac_roofline", "config",
+    "reason", "compile_s", "ms", "ms_p95", "spread", "noisy", "graph", "timing", "bytes_main", "bytes_extra", "tbps", "frac_roofline", "config",
     "gpu_id",
 )  # fmt: skip
 

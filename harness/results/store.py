@@ -60,7 +60,7 @@ ROW_FIELDS = {"impl": STR, "dsl": STR, "op": NAME, "direction": NAME, "shape_set
               "N": LENGTH, "dtype": NAME, "status": STR}  # fmt: skip
 # What a line may hold beside them (absent or null: not recorded); "weights" absent is "same".
 ROW_OPTIONAL = {"weights": (NAME, False), "run": (COUNT, False), "external": (BOOL, True), "noisy": (BOOL, True),
-                "graph": (BOOL, True), "check": (STR, True), "reason": (STR, True), "config": (STR, True),
+                "graph": (BOOL, True), "timing": (STR, True), "check": (STR, True), "reason": (STR, True), "config": (STR, True),
                 "ms": (POSITIVE, True), "tbps": (POSITIVE, True), "frac_roofline": (POSITIVE, True),
                 "ms_p95": (POSITIVE, True), "compile_s": (NONNEG, True), "spread": (NONNEG, True),
                 "bytes_main": (COUNT, True), "bytes_extra": (COUNT, True), "trial_ms": (NUMBERS, True),

@@ -11,6 +11,9 @@ Method (also in the README):
   ((max - min) / min), flagged noisy above 5%;
 * decode shapes (launch-bound) are timed as CUDA-graph replays of 20 calls (L2 not flushed: their
   inputs are under 2 MB and stay cache-resident, as they do in a real decode step);
+* other points that move at most 256 MB (kernels of tens of microseconds, which do_bench would time
+  as the host's launch speed) as graph replays with the L2 flush in the graph before every call and
+  the flushes' own replay subtracted (harness.run.timer);
 * results are appended to ``results.jsonl`` as they come, so an interrupted run keeps what it measured
   and ``--resume`` skips points already there.
 """
@@ -39,7 +42,7 @@ from harness.results.store import (
 from harness.run.checker import run_check
 from harness.run.environment import environment, slug
 from harness.run.environment import gpu_id as environment_gpu_id
-from harness.run.timer import GRAPH_CALLS, GRAPH_SHAPE_SETS, NOISY_SPREAD, TRIALS, CudaTimer, summarize
+from harness.run.timer import FLUSHED_GRAPH_MAX_BYTES, GRAPH_CALLS, GRAPH_SHAPE_SETS, NOISY_SPREAD, TRIALS, CudaTimer, summarize
 from harness.spec.contract import DTYPES, Implementation
 from harness.spec.errors import describe_error
 from harness.spec.inputs import make_case
@@ -71,6 +74,7 @@ class Point:
     spread: float | None = None
     noisy: bool = False
     graph: bool = False
+    timing: str = ""  # events (do_bench), graph (decode: L2 warm) or graph+flush (short kernels)
     bytes_main: int = 0
     bytes_extra: int = 0
     tbps: float | None = None
@@ -142,10 +146,24 @@ def config_source(impl: Implementation, op: str, directions, n: int, dtype: str,
         return f"unknown ({type(e).__name__}: {e})"
 
 
+def timing_mode(shape_set: str, bytes_main: int) -> str:
+    """How a point is timed: graph replays with a warm L2 for the launch-bound sets (decode), graph
+    replays with the flush in the graph for short kernels (at most FLUSHED_GRAPH_MAX_BYTES moved),
+    else do_bench's events."""
+    if shape_set in GRAPH_SHAPE_SETS:
+        return "graph"
+    if 0 < bytes_main <= FLUSHED_GRAPH_MAX_BYTES:
+        return "graph+flush"
+    return "events"
+
+
 def record_timing(p: Point, fn, timer: CudaTimer) -> None:
     """Time ``fn`` (already run once: compiled and warm) into ``p``: the trials' summary, whether
-    CUDA-graph replay was used (the graph shape sets), and TB/s of the main bytes."""
-    trials, p.graph = timer.time(fn, graph=p.shape_set in GRAPH_SHAPE_SETS)
+    CUDA-graph replay was used and how (``timing_mode``), and TB/s of the main bytes."""
+    mode = timing_mode(p.shape_set, p.bytes_main)
+    trials, used = timer.time(fn, graph={"events": False, "graph": True, "graph+flush": "flushed"}[mode])
+    p.graph = bool(used)
+    p.timing = mode if p.graph else "events"
     s = summarize(trials)
     p.ms, p.ms_p95, p.trial_ms, p.spread, p.noisy = s["ms"], s["ms_p95"], s["trial_ms"], s["spread"], s["noisy"]
     p.tbps = tbps(p.bytes_main, p.ms)
@@ -271,7 +289,8 @@ def _run_bench(impls, ops, directions, shape_sets, dtypes, out_dir: Path, resume
     meta.update(env)
     meta["runs"] = runs
     meta["copy_bandwidth_tbps"] = copy_bandwidth["tbps"]
-    meta["method"] = {"trials": TRIALS, "noisy_spread": NOISY_SPREAD, "graph_calls": GRAPH_CALLS, "graph_shape_sets": GRAPH_SHAPE_SETS}
+    meta["method"] = {"trials": TRIALS, "noisy_spread": NOISY_SPREAD, "graph_calls": GRAPH_CALLS, "graph_shape_sets": GRAPH_SHAPE_SETS,
+                      "flushed_graph_max_bytes": FLUSHED_GRAPH_MAX_BYTES}
     write_atomically({meta_path: meta_text(meta)})
 
     todo = [t for t in plan(impls, ops, directions, shape_sets, dtypes, weights) if planned_key(t) not in done and (only is None or planned_key(t) in only)]

@@ -1,4 +1,5 @@
 from harness.spec.contract import Implementation, capability, cuda, package
+from harness.spec.ops import FP8_OPS
 
 IMPLEMENTATIONS = [
     Implementation(
@@ -10,14 +11,17 @@ IMPLEMENTATIONS = [
             "loaded by tile index from strided arrays, one-pass forward with the row in one tile "
             "(chunked two-pass for wide rows), persistent backward with per-program fp32 dweight/dbias "
             "partials summed in a fixed order (column slices for wide rows); add + RMSNorm through the "
-            "same kernels; fp32 weights beside 16-bit x; NaN where the statistics overflow"
+            "same kernels; fp32 weights beside 16-bit x; NaN where the statistics overflow; FP8 output "
+            "(per token or 1 x 128 blocks) from the same tiles"
         ),
-        ops=("rmsnorm", "layernorm", "add_rmsnorm"),
+        ops=("rmsnorm", "layernorm", "add_rmsnorm", *FP8_OPS),
+        # the FP8 ops (norm + quantization to float8_e4m3fn, forward only) in a file of their own
+        extra_entries=("impls.cutile.fp8",),
         devices=("cuda",),
         # Tile IR runs on Ampere and newer (driver r580+); cuda() first so that a machine without
         # a GPU reads that reason rather than a missing package; "cuda" before "cuda.tile", whose
         # lookup imports its parent and raises where there is none
         requires=(cuda(), capability(8, 0), package("cuda"), package("cuda.tile")),
-        sources=("impls/cutile/kernels.py", "impls/cutile/plan.py"),
+        sources=("impls/cutile/kernels.py", "impls/cutile/plan.py", "impls/cutile/fp8.py"),
     )
 ]

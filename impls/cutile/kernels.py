@@ -290,7 +290,9 @@ SM_COUNT_WITHOUT_GPU = 1
 # cuTile's default array indexing is int32 (shapes, strides and offsets)
 INDEX_LIMIT = 2**31
 
-_CT_DTYPES = {torch.bfloat16: ct.bfloat16, torch.float16: ct.float16, torch.float32: ct.float32}
+# float8_e4m3fn: the FP8-output ops' q (impls/cutile/fp8.py)
+_CT_DTYPES = {torch.bfloat16: ct.bfloat16, torch.float16: ct.float16, torch.float32: ct.float32,
+              torch.float8_e4m3fn: ct.float8_e4m3fn}  # fmt: skip
 
 
 @functools.lru_cache(maxsize=None)

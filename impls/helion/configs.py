@@ -28,7 +28,9 @@ Where the config comes from (``pinned()``):
 
 The entry points are rmsnorm's and layernorm's: add_rmsnorm runs rmsnorm's kernels (specialized for
 the residual tensors) with rmsnorm's entries at the same N. The dtype key is x's (what sets a row's
-bytes), whatever the weight's dtype; an fp32 weight is one more (N,) vector per program.
+bytes), whatever the weight's dtype; an fp32 weight is one more (N,) vector per program. The FP8
+norms (``fp8.py``) have one entry point, ``FP8_ENTRY``, for both groupings and the fused add; with
+no table entries their config is ``fp8_default_config()``, taken without a warning.
 
 Rows per program for few rows (``for_rows()``): the resident backward's ``block_sizes[0]`` (rows
 per program) is tuned at the sweep's M, tens of thousands of rows. At decode sizes (M <= 128) that
@@ -60,6 +62,7 @@ from pathlib import Path
 
 import torch
 
+from harness.spec.ops import FP8_OPS
 from harness.spec.tuned import capability_of, table_for
 
 from .imports import Config, Kernel, RefMode
@@ -117,8 +120,33 @@ def for_rows(choice: Pinned, m: int, sms: int) -> Pinned:
     return replace(choice, config=config, source=f"{choice.source}, {fewer} rows per program for M={m}")
 
 
+# The FP8 norms' one entry point (fp8.py): per token and per 1 x 128 block, with or without the
+# fused add, they run its config at N, in the terms of the per-token kernel (the block kernel counts
+# the same column loop in 128-column blocks). No tuner covers them: a GPU without entries for it in
+# configs.json runs fp8_default_config, which is their design rather than a stopgap, so it is taken
+# without the fallback's warning.
+FP8_ENTRY = "rmsnorm_fp8_fwd"
+
+
+def fp8_default_config(n: int) -> Pinned:
+    """The FP8 norms' config from N: whole rows in registers up to 32768 columns with about 16
+    elements per thread, several rows a program for short ones (the RMSNorm forward's fallback);
+    wider rows one a program, walked in 8192-column chunks by 32 warps. The chunk is the RMSNorm
+    forward fallback's; with 32 warps rather than its 16 that chunk took 5-23% less time in the
+    RMSNorm forward's tuning runs on the H100 and H200 at N = 32768-262144 (the candidates' table in
+    reports/experiments/helion-tuning/tune/), not measured on these kernels."""
+    width = _next_pow2(n)
+    if width <= 32768:
+        rows = min(64, max(1, 4096 // width))
+        warps = min(16, max(4, rows * width // 512))
+        return Pinned("rmsnorm_fp8_row_kernel", {"block_sizes": [rows], "reduction_loops": [None], "num_warps": warps})
+    return Pinned("rmsnorm_fp8_row_kernel", {"block_sizes": [1], "reduction_loops": [8192], "num_warps": 32})
+
+
 def default_config(entry: str, n: int) -> Pinned:
     """The documented fallback (see the module docstring), from the row length alone."""
+    if entry == FP8_ENTRY:
+        return fp8_default_config(n)
     op, direction = entry.split("_")
     width = _next_pow2(n)
     if direction == "fwd":
@@ -193,6 +221,8 @@ def pinned(entry: str, n: int, dtype: str, gpu: str, capability=None) -> Pinned:
             )
             return Pinned.from_entry(hit, f"tuned for {candidate}{borrowed}")
     fallback = default_config(entry, n)
+    if entry == FP8_ENTRY:
+        return fallback
     _warn_once(
         (entry, gpu, dtype, n),
         f"helion {entry}: no tuned config for {gpu} ({dtype}, N={n}) in {CONFIG_FILE.name}; "
@@ -297,6 +327,8 @@ def source(op: str, direction: str, n: int, dtype: str, device) -> str:
     """Where the config of one launch comes from (the benchmark records it per point)."""
     if getattr(device, "type", device) != "cuda":
         return "interpreter"
+    if op in FP8_OPS:  # every FP8 record runs the one FP8 entry's config (fp8.py)
+        return pinned(FP8_ENTRY, n, dtype, torch.cuda.get_device_name(device), capability_of(device)).source
     entry = f"{'rmsnorm' if op == 'add_rmsnorm' else op}_{direction}"
     rows = FUSED_ADD_ROWS[direction] if op == "add_rmsnorm" else 1.0  # the benchmark's backward has a dresidual_out
     return fused_pinned(entry, n, dtype, torch.cuda.get_device_name(device), capability_of(device), rows).source
