@@ -32,6 +32,20 @@ E4M3_SUBNORMAL_STEP = 2.0**-9
 FP8_DTYPE = torch.float8_e4m3fn
 
 
+def contract_functions(launch):
+    """The two contract functions of a DSL's FP8 file from its one launcher ``launch(x, residual,
+    weight, eps, group) -> (q, scale, residual_out or None, rstd)``, which serves both ops."""
+
+    def rmsnorm_fp8_fwd(x, weight, eps, group):
+        q, scale, _, rstd = launch(x, None, weight, eps, group)
+        return q, scale, rstd
+
+    def add_rmsnorm_fp8_fwd(x, residual, weight, eps, group):
+        return launch(x, residual, weight, eps, group)
+
+    return rmsnorm_fp8_fwd, add_rmsnorm_fp8_fwd
+
+
 def check_group(group, n: int) -> int:
     """``group``: N (one scale per row) or GROUP_BLOCK with N a multiple of it; a clear error otherwise."""
     if isinstance(group, bool) or not isinstance(group, numbers.Integral):

@@ -76,7 +76,7 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int64, Uint8, const_expr
 
-from harness.spec.fp8 import AMAX_FLOOR, E4M3_MAX, FP8_DTYPE, GROUP_BLOCK
+from harness.spec.fp8 import AMAX_FLOOR, E4M3_MAX, FP8_DTYPE, GROUP_BLOCK, contract_functions
 
 from .kernels import (
     _HAS_TVM_FFI,
@@ -520,10 +520,4 @@ def _launch(x, residual, weight, eps, group):
     return q, scale, h, rstd
 
 
-def rmsnorm_fp8_fwd(x, weight, eps, group):
-    q, scale, _, rstd = _launch(x, None, weight, eps, group)
-    return q, scale, rstd
-
-
-def add_rmsnorm_fp8_fwd(x, residual, weight, eps, group):
-    return _launch(x, residual, weight, eps, group)
+rmsnorm_fp8_fwd, add_rmsnorm_fp8_fwd = contract_functions(_launch)

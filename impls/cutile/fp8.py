@@ -62,7 +62,7 @@ from __future__ import annotations
 import cuda.tile as ct
 import torch
 
-from harness.spec.fp8 import AMAX_FLOOR, E4M3_MAX, FP8_DTYPE, GROUP_BLOCK
+from harness.spec.fp8 import AMAX_FLOOR, E4M3_MAX, FP8_DTYPE, GROUP_BLOCK, contract_functions
 
 from .kernels import (
     ZERO,
@@ -191,10 +191,4 @@ def _fp8_fwd(x, residual, weight, eps, group):
     return q, scale, h, rstd
 
 
-def rmsnorm_fp8_fwd(x, weight, eps, group):
-    q, scale, _, rstd = _fp8_fwd(x, None, weight, eps, group)
-    return q, scale, rstd
-
-
-def add_rmsnorm_fp8_fwd(x, residual, weight, eps, group):
-    return _fp8_fwd(x, residual, weight, eps, group)
+rmsnorm_fp8_fwd, add_rmsnorm_fp8_fwd = contract_functions(_fp8_fwd)

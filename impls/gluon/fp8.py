@@ -31,7 +31,7 @@ import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
-from harness.spec.fp8 import AMAX_FLOOR, FP8_DTYPE, GROUP_BLOCK
+from harness.spec.fp8 import AMAX_FLOOR, FP8_DTYPE, GROUP_BLOCK, contract_functions
 
 from .kernels import compile_kernel
 from .plan import Plan, plan
@@ -229,10 +229,4 @@ def _run(x, residual, weight, eps, group):
     return q, scale, h, rstd
 
 
-def rmsnorm_fp8_fwd(x, weight, eps, group):
-    q, scale, _, rstd = _run(x, None, weight, eps, group)
-    return q, scale, rstd
-
-
-def add_rmsnorm_fp8_fwd(x, residual, weight, eps, group):
-    return _run(x, residual, weight, eps, group)
+rmsnorm_fp8_fwd, add_rmsnorm_fp8_fwd = contract_functions(_run)

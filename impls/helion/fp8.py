@@ -48,7 +48,7 @@ from __future__ import annotations
 import helion.language as hl
 import torch
 
-from harness.spec.fp8 import AMAX_FLOOR, E4M3_MAX, FP8_DTYPE, GROUP_BLOCK
+from harness.spec.fp8 import AMAX_FLOOR, E4M3_MAX, FP8_DTYPE, GROUP_BLOCK, contract_functions
 
 from .configs import FP8_ENTRY, choose, launch
 from .imports import kernel
@@ -172,10 +172,4 @@ def _run(x, residual, weight, eps, group):
     return q.flatten(-2), scale, residual_out, rstd
 
 
-def rmsnorm_fp8_fwd(x, weight, eps, group):
-    q, scale, _, rstd = _run(x, None, weight, eps, group)
-    return q, scale, rstd
-
-
-def add_rmsnorm_fp8_fwd(x, residual, weight, eps, group):
-    return _run(x, residual, weight, eps, group)
+rmsnorm_fp8_fwd, add_rmsnorm_fp8_fwd = contract_functions(_run)

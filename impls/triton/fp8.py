@@ -41,7 +41,7 @@ import torch
 import triton
 import triton.language as tl
 
-from harness.spec.fp8 import AMAX_FLOOR, FP8_DTYPE, GROUP_BLOCK
+from harness.spec.fp8 import AMAX_FLOOR, FP8_DTYPE, GROUP_BLOCK, contract_functions
 
 INTERPRETED = tl.constexpr(os.environ.get("TRITON_INTERPRET", "0") == "1")
 # the widest row held in registers (elements; past it the chunked kernel)
@@ -233,10 +233,4 @@ def _launch(x, residual, weight, eps, group):
     return q, scale, h, rstd
 
 
-def rmsnorm_fp8_fwd(x, weight, eps, group):
-    q, scale, _, rstd = _launch(x, None, weight, eps, group)
-    return q, scale, rstd
-
-
-def add_rmsnorm_fp8_fwd(x, residual, weight, eps, group):
-    return _launch(x, residual, weight, eps, group)
+rmsnorm_fp8_fwd, add_rmsnorm_fp8_fwd = contract_functions(_launch)
