@@ -57,7 +57,6 @@ import torch
 from harness.run import models
 from harness.run.environment import gpu_id as environment_gpu_id
 from harness.run.models import (
-    ARCHS,
     IMPL_COMPILED,
     IMPL_EAGER,
     NOISY_TRIAL_SPREAD,
@@ -72,13 +71,13 @@ from harness.run.models import (
     _release,
     _sync,
     build_model,
+    check_selection,
     check_tag,
     default_model_dir,
     missing_ops,
     own_norms,
     rotated,
     spread,
-    transformers_missing,
     variant_model,
 )
 from harness.spec.contract import DTYPES, Implementation
@@ -467,14 +466,7 @@ def run(archs: list[str], size: str, impls: list[Implementation], *, device: str
         command: str | None = None, gpu_id: str | None = None, tag: str | None = None) -> int:  # fmt: skip
     """`normbench model --mode decode`: exit status 0 when every variant that ran decoded, 1 when one
     raised or nothing was compared."""
-    why = transformers_missing()
-    if why:
-        raise ValueError(why)
-    bad = [a for a in archs if a not in ARCHS]
-    if bad or not archs:
-        raise ValueError(f"unknown --arch '{','.join(bad)}'; choose from {', '.join(ARCHS)}")
-    if size not in SIZES:
-        raise ValueError(f"unknown --size '{size}'; choose from {', '.join(SIZES)}")
+    check_selection(archs, size)
     if dtype not in DTYPES:
         raise ValueError(f"--dtype must be one of {', '.join(DTYPES)}, got '{dtype}'")
     shape = DECODE_SHAPES[size]

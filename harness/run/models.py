@@ -746,12 +746,9 @@ def write_markdown(out: Path) -> Path:
 
 
 # ---------------------------------------------------------------- entry point (harness.cli calls it)
-def run(archs: list[str], size: str, impls: list[Implementation], *, device: str, steps: int, compile: bool,
-        trials: int | None, out: Path | None, dtype: str = "bf16", seed: int = 0, command: str | None = None,
-        gpu_id: str | None = None, steps_per_trial: int | None = None, group: int | None = None,
-        tag: str | None = None) -> int:  # fmt: skip
-    """`normbench model`: exit status 0 when every implementation that ran agrees, 1 otherwise.
-    ``gpu_id`` (default: ``environment.gpu_id``) is recorded in every report JSON."""
+def check_selection(archs: list[str], size: str) -> None:
+    """transformers importable, every architecture and the size known (a ValueError otherwise):
+    what `normbench model` checks before it builds anything, in training and decode mode."""
     why = transformers_missing()
     if why:
         raise ValueError(why)
@@ -760,6 +757,15 @@ def run(archs: list[str], size: str, impls: list[Implementation], *, device: str
         raise ValueError(f"unknown --arch '{','.join(bad)}'; choose from {', '.join(ARCHS)}")
     if size not in SIZES:
         raise ValueError(f"unknown --size '{size}'; choose from {', '.join(SIZES)}")
+
+
+def run(archs: list[str], size: str, impls: list[Implementation], *, device: str, steps: int, compile: bool,
+        trials: int | None, out: Path | None, dtype: str = "bf16", seed: int = 0, command: str | None = None,
+        gpu_id: str | None = None, steps_per_trial: int | None = None, group: int | None = None,
+        tag: str | None = None) -> int:  # fmt: skip
+    """`normbench model`: exit status 0 when every implementation that ran agrees, 1 otherwise.
+    ``gpu_id`` (default: ``environment.gpu_id``) is recorded in every report JSON."""
+    check_selection(archs, size)
     if dtype not in ("bf16", "fp32"):
         raise ValueError(f"--dtype must be bf16 or fp32 (fp16 training needs a loss scaler), got '{dtype}'")
     if steps < 1:

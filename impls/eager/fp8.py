@@ -15,12 +15,12 @@ since |y / scale| <= 448 up to fp32's rounding of the division, never past 448 (
 there too); no clamp pass is needed.
 """
 
-from harness.spec.fp8 import AMAX_FLOOR, E4M3_MAX, FP8_DTYPE
+from harness.spec.fp8 import AMAX_FLOOR, E4M3_MAX, FP8_DTYPE, groups_of
 from impls.eager.kernels import add_rmsnorm_fwd, rmsnorm_fwd
 
 
 def _quantize(y, group):
-    yg = y.unflatten(-1, (y.shape[-1] // group, group))
+    yg = groups_of(y, group)
     scale = yg.abs().amax(-1).float().clamp_min(AMAX_FLOOR) / E4M3_MAX
     q = (yg.float() / scale.unsqueeze(-1)).to(FP8_DTYPE)
     return q.flatten(-2), scale

@@ -11,10 +11,10 @@ for dt in bf16 fp16 fp32; do
     timeout 160 python3 -m harness check --impl triton --shapes $sets --dtype $dt --quiet --json /tmp/chk/check-$dt-${sets%%,*}.json > /tmp/chk/check-$dt-${sets%%,*}.log 2>&1 &
   done
 done
-for i in $(seq 0 9); do timeout 160 python3 scratch/tr/explore.py warm $i 10 > /tmp/chk/warm$i.log 2>&1 & done
+for i in $(seq 0 9); do timeout 160 python3 tools/experiments/triton-regimes/explore.py warm $i 10 > /tmp/chk/warm$i.log 2>&1 & done
 wait
 echo "stage A done at $(( $(date +%s) - T0 )) s" >> $OUT/env.txt
-timeout 125 python3 scratch/tr/explore.py time $OUT/explore 75 110 > /tmp/chk/time.log 2>&1
+timeout 125 python3 tools/experiments/triton-regimes/explore.py time $OUT/explore 75 110 > /tmp/chk/time.log 2>&1
 echo "stage B done at $(( $(date +%s) - T0 )) s" >> $OUT/env.txt
 cp impls/triton/configs.json /tmp/chk/configs-pinned.json
 for dt in bf16 fp16 fp32; do
