@@ -527,7 +527,11 @@ def cmd_overhead(a) -> int:
     if out:
         out.parent.mkdir(parents=True, exist_ok=True)
     command = "normbench " + " ".join(shlex.quote(x) for x in sys.argv[1:])
-    rows = run(select(a.impl), ops, _shape(a.shape), a.dtype, device, out, a.calls, a.trials, command=command)
+    pyprof = Path(a.python_profile) if a.python_profile else None
+    if pyprof is not None and pyprof.exists() and not pyprof.is_dir():
+        raise UsageError(f"--python-profile {a.python_profile}: exists and is not a folder")
+    rows = run(select(a.impl), ops, _shape(a.shape), a.dtype, device, out, a.calls, a.trials, command=command,
+               python_profile=pyprof)  # fmt: skip
     print("\n".join(markdown(rows)))
     if out:
         print(f"wrote {out}")
@@ -886,6 +890,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--calls", type=int, default=200, help="calls timed per trial (default: 200)")
     s.add_argument("--trials", type=int, default=5, help="interleaved rounds; each figure is their minimum (default: 5)")
     s.add_argument("--out", help="write the rows as JSON here")
+    s.add_argument("--python-profile", metavar="DIR", help="also write a cProfile text per implementation, op and measurement into DIR")
     s.set_defaults(fn=cmd_overhead)
 
     s = sub.add_parser("profile", help="Nsight Compute counters for benchmarked points: DRAM bytes vs the bytes model (GPU)")

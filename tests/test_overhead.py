@@ -50,3 +50,18 @@ def test_every_op_is_measured_from_its_record():
     assert all(by["eager"][k] > 0 for k in COMPARED + OWN)
     # the reference row runs x + residual then F.rms_norm (and torch.nn.RMSNorm) through autograd
     assert all(by["torch.nn.functional"][k] > 0 for k in COMPARED)
+
+
+def test_python_profile_names_the_kernel_call_per_measurement(tmp_path):
+    """--python-profile: one table per row and measurement, and the eager forward's table has ATen's
+    fused RMSNorm among its functions, called once per timed call."""
+    folder = tmp_path / "pyprof"
+    assert main(["overhead", "--device", "cpu", "--impl", "eager", "--op", "rmsnorm", "--shape", "4x256",
+                 "--calls", "8", "--trials", "1", "--python-profile", str(folder)]) == 0  # fmt: skip
+    index = (folder / "index.txt").read_text().split()
+    keys = [k.removesuffix("_us") for k in COMPARED + OWN]
+    assert sorted(index) == sorted([f"eager-rmsnorm-{k}.txt" for k in keys] + [f"torch_nn_functional-rmsnorm-{k}.txt" for k in keys[:4]])
+    lines = (folder / "eager-rmsnorm-kernel_fwd.txt").read_text().splitlines()
+    fused = [line for line in lines if "_fused_rms_norm" in line]
+    assert fused and fused[0].split("|")[2].strip() == "1", lines[:6]
+    assert main(["overhead", "--device", "cpu", "--python-profile", str(index and folder / "index.txt")]) == 2

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import platform
 import subprocess
@@ -56,6 +57,17 @@ def environment(device: str = "cuda") -> dict:
 RMS_NORM_OPS = ("_fused_rms_norm", "_fused_rms_norm_backward")
 
 
+@functools.cache
+def _native_registry():
+    """torch._native's registry, or None with a torch that has none. Looked up once: eager's kernels
+    ask on every call, and a failed import searches every path entry again (~50 µs a call)."""
+    try:
+        from torch._native import registry
+    except ImportError:
+        return None
+    return registry
+
+
 def rms_norm_overrides(dispatch_key: str) -> dict[str, list[str]]:
     """{ATen op: the DSLs whose kernels torch routes it to} at ``dispatch_key`` ("CUDA", "CPU"), for
     ATen's RMSNorm ops that torch overrides now. torch 2.13 registers CuTe DSL kernels (its vendored
@@ -63,9 +75,8 @@ def rms_norm_overrides(dispatch_key: str) -> dict[str, list[str]]:
     version it accepts (``torch._native``); each call then runs Quack where its condition holds
     (sm_90 or sm_100, the weight in x's dtype, ...) and ATen's own kernel otherwise. Empty when
     nothing overrides them, or with a torch that has no such overrides."""
-    try:
-        from torch._native import registry
-    except ImportError:
+    registry = _native_registry()
+    if registry is None:
         return {}
     graphs = getattr(registry, "_graphs", {})
     out = {}

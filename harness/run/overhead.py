@@ -19,6 +19,9 @@ is idle waiting for the host (M x N = 4 x 4096 by default), beside PyTorch's own
     custom_op_fwd_bwd  the autograd step through the forward custom op itself (what a torch.compile
                     graph calls; eager calls go through the functions and modules above)
 
+With ``--python-profile DIR`` each of them is also run once more under cProfile, one text file per
+row and measurement in DIR: the Python functions the host time goes to.
+
 The reference row, ``torch.nn.functional``, runs the same four (fwd, fwd_bwd, module_fwd,
 module_fwd_bwd) through PyTorch's own composition of the op (the op record's ``native``:
 ``F.rms_norm``, ``F.layer_norm``, ``x + residual`` then ``F.rms_norm``) and its own modules
@@ -199,7 +202,7 @@ def _time(fn, grad: bool, calls: int, sync, clock=time.perf_counter) -> float:
 
 
 def run(impls, ops, shape: Shape, dtype: str, device: str, out_path: Path | None = None, calls: int = 200,
-        trials: int = 5, command: str | None = None) -> list[dict]:  # fmt: skip
+        trials: int = 5, command: str | None = None, python_profile: Path | None = None) -> list[dict]:  # fmt: skip
     """Rows of host µs per call (see the module docstring): the ``torch.nn.functional`` row of each op
     first, then each implementation's; ``trials`` is the number of interleaved rounds. On the CPU
     with one intra-op thread."""
@@ -209,12 +212,13 @@ def run(impls, ops, shape: Shape, dtype: str, device: str, out_path: Path | None
         # host has descheduled (milliseconds per call on 2 busy cores, on ops of 4 x 4096)
         torch.set_num_threads(1)
     try:
-        return _run(impls, ops, shape, dtype, device, out_path, calls, trials, command)
+        return _run(impls, ops, shape, dtype, device, out_path, calls, trials, command, python_profile)
     finally:
         torch.set_num_threads(threads)
 
 
-def _run(impls, ops, shape: Shape, dtype: str, device: str, out_path, calls: int, trials: int, command) -> list[dict]:
+def _run(impls, ops, shape: Shape, dtype: str, device: str, out_path, calls: int, trials: int, command,
+         python_profile) -> list[dict]:  # fmt: skip
     from rich.progress import Progress
 
     from harness.spec.errors import describe_error
@@ -257,7 +261,46 @@ def _run(impls, ops, shape: Shape, dtype: str, device: str, out_path, calls: int
             _fill(rows, timed, best)
             if out_path is not None:
                 _write(out_path, rows, device, shape, dtype, calls, r + 1, command)
+        if python_profile is not None:
+            bar.update(task, description="overhead: Python profiles")
+            _profile_all(python_profile, timed, sync)
     return rows
+
+
+def _profile_all(folder: Path, timed, sync) -> None:
+    """One cProfile text per (row, measurement), after the timed rounds: where a call's host time
+    goes, function by function (``<impl>-<op>-<measurement>.txt``, sorted by own time, and an index
+    of them). cProfile's own cost inflates every figure; the shares are what to read."""
+    import cProfile
+    import pstats
+
+    folder.mkdir(parents=True, exist_ok=True)
+    index = []
+    for row, key, fn, grad, n in timed:
+        if "error" in row:
+            continue
+        prof = cProfile.Profile()
+        with torch.set_grad_enabled(grad):
+            prof.enable()
+            for _ in range(n):
+                fn()
+            sync()
+            prof.disable()
+        name = f"{row['impl'].replace('.', '_')}-{row['op']}-{key.removesuffix('_us')}.txt"
+        head = f"# {row['impl']} {row['op']} {key}: {n} calls under cProfile, figures per call\n"
+        (folder / name).write_text(head + "\n".join(_profile_table(pstats.Stats(prof), n)) + "\n")
+        index.append(name)
+    (folder / "index.txt").write_text("\n".join(index) + "\n")
+
+
+def _profile_table(stats, calls: int, top: int = 40) -> list[str]:
+    """The ``top`` functions by own time: calls, own µs and cumulative µs, each per timed call."""
+    out = ["| function | calls | own µs | cumulative µs |", "|---|---:|---:|---:|"]
+    entries = sorted(stats.stats.items(), key=lambda kv: -kv[1][2])[:top]
+    for (file, line, func), (_, ncalls, own, cum, _) in entries:
+        where = func if file == "~" else f"{Path(file).name}:{line}({func})"
+        out.append(f"| {where} | {ncalls / calls:.3g} | {own / calls * 1e6:.2f} | {cum / calls * 1e6:.2f} |")
+    return out
 
 
 def _fill(rows: list[dict], timed, best: dict) -> None:
