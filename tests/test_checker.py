@@ -430,3 +430,22 @@ def test_row_views_decides_whether_a_per_head_view_reaches_the_kernel_uncopied()
     impl = Implementation(name="probe", dsl="eager", entry="x", devices=("cpu",), row_views=True)
     checked(impl, get_op("rmsnorm"), "fwd", rmsnorm_fwd)(parent[:2], w, 1e-6)
     assert seen.pop().dim() == 2
+
+
+def test_rows_of_one_or_two_elements_are_not_held_to_the_bias_bound():
+    """LayerNorm at N = 1 gives y = bias in every row: 128 copies of one rounding of an fp32 bias,
+    whose mean error is that rounding, not a sample's. It failed as biased; rows of N <= 2 are
+    exempt (their few values are set by the parameters), wider ones keep the bound."""
+    from harness.run.checker import bias_check
+    from harness.spec.tolerances import allowed_error
+
+    r = run_check(get("eager"), "layernorm", "fwd", Shape((128, 1)), "bf16", "cpu", weights="fp32")
+    assert r.passed, r.summary()
+    ref = torch.full((128, 1), 1.0 + 2**-9, dtype=torch.float64)  # halfway: rounds the same way in every row
+    out = ref.to(torch.bfloat16).double()
+    allowed = allowed_error(ref, torch.bfloat16)
+    valid = torch.ones_like(ref, dtype=torch.bool)
+    assert bias_check(out, ref, allowed, torch.bfloat16, valid)[3] == ""
+    wide = torch.randn(128, 64, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+    scaled = (wide * 1.003).to(torch.bfloat16).double()
+    assert bias_check(scaled, wide, allowed_error(wide, torch.bfloat16), torch.bfloat16, torch.ones_like(valid).expand(128, 64))[3].startswith("biased")

@@ -347,7 +347,7 @@ class _Kernel:
         self.log = []
 
     def __getitem__(self, grid):
-        def run(*args, num_warps):
+        def run(*args, num_warps, num_stages=None):
             self.log.append(("full", grid, args))
             return _Compiled(self.log)
 
@@ -448,3 +448,48 @@ def test_helion_serialises_a_config_once():
     assert C._config_text(config) is text
     assert C._config_text(dict(config)) == text  # equal content, another dict: the same compiled function
     assert C._config_text({"block_sizes": [4], "num_warps": 8}) != text
+
+
+def test_helion_launches_through_the_cache_unless_it_asks_for_its_own_options(fake_gpu, monkeypatch):
+    """Helion's compiled host function is given a launcher that keys like Triton's launches (num_stages
+    in the key); a launch with options of Helion's own goes to Helion's launcher."""
+    pytest.importorskip("helion")
+    import helion.runtime
+
+    from impls.helion import configs
+
+    def host(x, n, *, _launcher=None):
+        return _launcher(k, (2,), x, n, 1e-5, 128, num_warps=4, num_stages=3)
+
+    k = _Kernel()
+    x = torch.zeros(64)
+    run = configs._fast(host)
+    for _ in range(2):
+        run(x, 64)
+    assert [e[0] for e in k.log] == ["full", "handle"]
+    k.log.clear()
+    configs._launcher(k, (2,), x, 64, 1e-5, 128, num_warps=4, num_stages=2)  # other stages: another binary
+    assert [e[0] for e in k.log] == ["full"]
+    assert configs._fast(lambda x, n: None).__name__ == "<lambda>"  # no _launcher: left as it is
+    seen = []
+    monkeypatch.setattr(helion.runtime, "default_launcher", lambda *a, **kw: seen.append(kw))
+    configs._launcher(k, (2,), x, 64, 1e-5, 128, num_warps=4, num_stages=3, launch_cooperative_grid=True)
+    assert seen == [{"num_warps": 4, "num_stages": 3, "launch_cooperative_grid": True}]
+
+
+def test_a_recorded_call_replays_its_launches_alone(fake_gpu):
+    """jit_launch.recording: the compiled launches of one call, first or cached, in order, and
+    replay launches exactly those again (normbench overhead's launcher floor)."""
+    k = _Kernel()
+    x = torch.zeros(64)
+    with jit_launch.recording() as launches:
+        jit_launch.launch(k, (4,), (x, 64, 1e-5, 128), 4)  # compiles
+        jit_launch.launch(k, (2,), (x, 32, 1e-5, 128), 4)
+        jit_launch.launch(k, (4,), (x, 64, 0.5, 128), 4)  # the first's compiled kernel
+    assert [(g, a[1]) for _, g, a in launches] == [((4, 1, 1), 64), ((2, 1, 1), 32), ((4, 1, 1), 64)]
+    assert launches[0][0] is launches[2][0]
+    k.log.clear()
+    jit_launch.replay(launches)
+    assert k.log == [("handle", g, a) for _, g, a in launches]
+    jit_launch.launch(k, (4,), (x, 64, 0.5, 128), 4)  # outside the block: nothing recorded
+    assert len(launches) == 3

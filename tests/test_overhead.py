@@ -25,7 +25,8 @@ def test_overhead_rows_and_a_failing_implementation_is_recorded(tmp_path):
     for op in ("rmsnorm", "layernorm"):
         ref, r = by[(native, op)], by[("eager", op)]
         assert all(ref[k] > 0 for k in COMPARED) and not any(k in ref for k in OWN)
-        assert all(r[k] > 0 for k in COMPARED + OWN)
+        # eager launches no Triton-JIT kernel: no launcher floor of its own
+        assert all(r[k] > 0 for k in COMPARED + OWN if k != "launch_fwd_us") and "launch_fwd_us" not in r
         # each compared figure beside its ratio to torch's, from the same run
         assert all(r[ratio_key(k)] == r[k] / ref[k] for k in COMPARED)
     assert "error" in by[("broken", "rmsnorm")]
@@ -47,7 +48,7 @@ def test_every_op_is_measured_from_its_record():
     rows = run([get("eager")], ["add_rmsnorm"], Shape((4, 256)), "bf16", "cpu", calls=3, trials=2)
     by = {r["impl"]: r for r in rows}
     assert "error" not in by["eager"], by["eager"]
-    assert all(by["eager"][k] > 0 for k in COMPARED + OWN)
+    assert all(by["eager"][k] > 0 for k in COMPARED + OWN if k != "launch_fwd_us")
     # the reference row runs x + residual then F.rms_norm (and torch.nn.RMSNorm) through autograd
     assert all(by["torch.nn.functional"][k] > 0 for k in COMPARED)
 
@@ -59,7 +60,7 @@ def test_python_profile_names_the_kernel_call_per_measurement(tmp_path):
     assert main(["overhead", "--device", "cpu", "--impl", "eager", "--op", "rmsnorm", "--shape", "4x256",
                  "--calls", "8", "--trials", "1", "--python-profile", str(folder)]) == 0  # fmt: skip
     index = (folder / "index.txt").read_text().split()
-    keys = [k.removesuffix("_us") for k in COMPARED + OWN]
+    keys = [k.removesuffix("_us") for k in COMPARED + OWN if k != "launch_fwd_us"]
     assert sorted(index) == sorted([f"eager-rmsnorm-{k}.txt" for k in keys] + [f"torch_nn_functional-rmsnorm-{k}.txt" for k in keys[:4]])
     lines = (folder / "eager-rmsnorm-kernel_fwd.txt").read_text().splitlines()
     fused = [line for line in lines if "_fused_rms_norm" in line]

@@ -14,8 +14,12 @@ is idle waiting for the host (M x N = 4 x 4096 by default), beside PyTorch's own
     contract_fwd / contract_bwd   the contract functions themselves (validation, allocation,
                     launch), as the benchmark calls them
     kernel_fwd      the implementation's own forward function on the (M, N) rows, without the
-                    harness's validation: the floor of the forward's host cost (on the CPU with
-                    eager, where that differs from torch's own call, the kernels' extra work)
+                    harness's validation (on the CPU with eager, where that differs from torch's
+                    own call, the kernels' extra work)
+    launch_fwd      the DSL's own launcher alone: the compiled kernels that one kernel_fwd call
+                    launched (Triton, Gluon, Helion: Triton's ``CompiledKernel[grid](*args)``),
+                    launched again with the same arguments; the floor of the forward's host cost
+                    in that DSL, with no allocation and no argument handling of ours
     custom_op_fwd_bwd  the autograd step through the forward custom op itself (what a torch.compile
                     graph calls; eager calls go through the functions and modules above)
 
@@ -52,6 +56,7 @@ import torch
 
 from harness.integrate import autograd
 from harness.run.bench import callables
+from harness.spec import jit_launch
 from harness.spec.contract import DTYPES
 from harness.spec.inputs import make_case
 from harness.spec.interpreters import interpreter_env
@@ -62,7 +67,7 @@ from harness.spec.validation import as_rows
 NATIVE = "torch.nn.functional"
 # the measurements the reference row has too, each with a ratio column (``<name>_x``)
 COMPARED = ("fwd_us", "fwd_bwd_us", "module_fwd_us", "module_fwd_bwd_us")
-OWN = ("kernel_fwd_us", "contract_fwd_us", "contract_bwd_us", "custom_op_fwd_bwd_us")
+OWN = ("kernel_fwd_us", "launch_fwd_us", "contract_fwd_us", "contract_bwd_us", "custom_op_fwd_bwd_us")
 
 
 def ratio_key(key: str) -> str:
@@ -156,6 +161,9 @@ def measurements(impl, op: str, shape: Shape, dtype: str = "bf16", device: str =
     out = _compared(lambda *args: fn(*args, impl=impl), *_module(impl, op, case), rec, case)
     k = impl.kernels(device)
     out["kernel_fwd_us"] = (_raw_forward(impl, k.raw, rec, case, device), False, 1)
+    launches = _launches(out["kernel_fwd_us"][0])
+    if launches:
+        out["launch_fwd_us"] = (lambda: jit_launch.replay(launches), False, 1)
     out["contract_fwd_us"] = (callables(k, op, "fwd", case), False, 1)
     out["contract_bwd_us"] = (callables(k, op, "bwd", case), False, 1)
     # the step through the custom op itself, what torch.compile's graphs call
@@ -165,6 +173,15 @@ def measurements(impl, op: str, shape: Shape, dtype: str = "bf16", device: str =
         4,
     )
     return out
+
+
+def _launches(fn) -> list:
+    """The compiled Triton-JIT launches (Triton, Gluon, Helion) of one call of ``fn``, after a first
+    call that compiles: empty for a DSL that launches otherwise."""
+    fn()
+    with jit_launch.recording() as launches:
+        fn()
+    return launches
 
 
 def _raw_forward(impl, raw, rec, case: dict, device: str):
@@ -340,13 +357,13 @@ def markdown(rows: list[dict]) -> list[str]:
     out = [
         (
             "| implementation | op | fwd µs | x | fwd+bwd µs | x | module fwd µs | x | module fwd+bwd µs | x "
-            "| kernel fwd µs | contract fwd µs | contract bwd µs | custom op fwd+bwd µs |"
+            "| kernel fwd µs | launch fwd µs | contract fwd µs | contract bwd µs | custom op fwd+bwd µs |"
         ),
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in sorted(rows, key=lambda r: (r["op"], r["impl"] != NATIVE, r.get("fwd_bwd_us") or 1e9)):
         if "error" in r:
-            out.append(f"| {r['impl']} | {r['op']} | {r['error'][:80]} |" + " |" * 11)
+            out.append(f"| {r['impl']} | {r['op']} | {r['error'][:80]} |" + " |" * 12)
             continue
         cells = []
         for key in COMPARED:

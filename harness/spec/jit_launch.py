@@ -25,42 +25,50 @@ import torch
 # compiled kernels by launch key; past this many (a new key per M, for one) they start over
 LIMIT = 4096
 _COMPILED: dict[tuple, object] = {}
-_CONSTEXPRS: dict[object, frozenset] = {}  # kernel -> positions of its compile-time parameters
+_CONSTEXPRS: dict[int, tuple] = {}  # id(kernel) -> (kernel, positions of its compile-time parameters)
 _Tensor = torch.Tensor
 
 
-class _Unkeyed(Exception):
-    pass
+_PLAIN = frozenset((int, bool, str, type(None)))
 
 
-def _spec(a, constexpr: bool):
-    if isinstance(a, _Tensor):
-        return (a.dtype, a.data_ptr() % 16 == 0)
-    t = type(a)
-    if t is float and not constexpr:  # a runtime fp32 argument: its value is no part of the binary
-        return float
-    if a is None or t in (int, bool, float, str):
-        return (t, a)
-    if constexpr:  # Gluon's layouts: frozen dataclasses, equal when they compile alike
-        hash(a)  # unhashable: no key
-        return (t, a)
-    raise _Unkeyed
-
-
-def _key(kernel, grid: tuple, args: tuple, num_warps: int, device) -> tuple | None:
-    constexprs = _CONSTEXPRS.get(kernel)
-    if constexprs is None:
+def _key(kernel, grid: tuple, args: tuple, num_warps, device) -> tuple | None:
+    """The launch key, two entries per argument (see the module docstring), or None where an
+    argument is of a kind it does not know. Kernels by id: hashing a JITFunction hashes its source
+    key on every call; ``_CONSTEXPRS`` holds each kernel, so its id is never reused."""
+    kid = id(kernel)
+    known = _CONSTEXPRS.get(kid)
+    if known is None:
         params = getattr(kernel, "params", None)
         if params is None or len(params) != len(args):
             return None
-        constexprs = _CONSTEXPRS[kernel] = frozenset(p.num for p in params if p.is_constexpr)
-    elif len(args) != len(kernel.params):
+        known = _CONSTEXPRS[kid] = (kernel, frozenset(p.num for p in params if p.is_constexpr))
+    constexprs = known[1]
+    if len(args) != len(kernel.params):
         return None
-    try:
-        specs = tuple([_spec(a, i in constexprs) for i, a in enumerate(args)])
-    except (_Unkeyed, TypeError):
-        return None
-    return (kernel, device, grid, num_warps, specs)
+    parts = [kid, device, grid, num_warps]
+    append = parts.append
+    for i, a in enumerate(args):
+        t = type(a)
+        if t in _PLAIN:
+            append(t)
+            append(a)
+        elif t is float:  # a runtime fp32 argument: its value is no part of the binary
+            append(float)
+            append(a if i in constexprs else None)
+        elif isinstance(a, _Tensor):
+            append(a.dtype)
+            append(a.data_ptr() & 15 == 0)
+        elif i in constexprs:  # Gluon's layouts: frozen dataclasses, equal when they compile alike
+            try:
+                hash(a)
+            except TypeError:  # unhashable: no key
+                return None
+            append(t)
+            append(a)
+        else:
+            return None
+    return tuple(parts)
 
 
 def _grid3(grid) -> tuple:
@@ -68,31 +76,65 @@ def _grid3(grid) -> tuple:
     return grid + (1,) * (3 - len(grid))
 
 
-def launch(kernel, grid, args: tuple, num_warps: int):
-    """``kernel[grid](*args, num_warps=num_warps)`` (see the module docstring); returns what that
-    returns: the compiled kernel on a GPU."""
+def launch(kernel, grid, args: tuple, num_warps: int, num_stages: int | None = None):
+    """``kernel[grid](*args, num_warps=num_warps[, num_stages=num_stages])`` (see the module
+    docstring); returns what that returns: the compiled kernel on a GPU."""
     grid = _grid3(grid)
     device = _current_device()
-    key = _key(kernel, grid, args, num_warps, device) if device is not None else None
+    key = _key(kernel, grid, args, (num_warps, num_stages), device) if device is not None else None
     compiled = _COMPILED.get(key) if key is not None else None
     if compiled is not None:
         compiled[grid](*args)
+        if _RECORDING:
+            _RECORDING[-1].append((compiled, grid, args))
         return compiled
-    compiled = kernel[grid](*args, num_warps=num_warps)
+    if num_stages is None:
+        compiled = kernel[grid](*args, num_warps=num_warps)
+    else:
+        compiled = kernel[grid](*args, num_warps=num_warps, num_stages=num_stages)
     if key is not None and _is_compiled(compiled):
         if len(_COMPILED) >= LIMIT:
             _COMPILED.clear()
         _COMPILED[key] = compiled
+        if _RECORDING:
+            _RECORDING[-1].append((compiled, grid, args))
     return compiled
+
+
+_RECORDING: list[list] = []
+
+
+class recording:
+    """``with recording() as launches: fn()``: the (compiled kernel, grid, arguments) of each launch
+    ``fn`` made through the cache, in order. ``replay(launches)`` launches them again as they are:
+    the host cost of the DSL's own launcher for that call, and nothing of the code around it
+    (``normbench overhead``'s floor)."""
+
+    def __enter__(self) -> list:
+        _RECORDING.append([])
+        return _RECORDING[-1]
+
+    def __exit__(self, *exc) -> None:
+        _RECORDING.pop()
+
+
+def replay(launches: list) -> None:
+    for compiled, grid, args in launches:
+        compiled[grid](*args)
 
 
 def launch_named(kernel, grid, args: dict, num_warps: int):
     """``launch`` for arguments given by name (Gluon's launches): positional in the kernel's order
     where every parameter is named, else ``kernel[grid](**args, ...)`` as it is."""
     names = getattr(kernel, "arg_names", None)
-    if names is None or len(names) != len(args) or any(n not in args for n in names):
-        return kernel[_grid3(grid)](**args, num_warps=num_warps)
-    return launch(kernel, grid, tuple([args[n] for n in names]), num_warps)
+    if names is not None and len(names) == len(args):
+        try:
+            ordered = tuple([args[n] for n in names])
+        except KeyError:
+            pass
+        else:
+            return launch(kernel, grid, ordered, num_warps)
+    return kernel[_grid3(grid)](**args, num_warps=num_warps)
 
 
 def clear() -> None:
@@ -135,7 +177,7 @@ _LAUNCHERS: dict = {}
 
 def fast(kernel) -> _Launcher:
     """``fast(kernel)[grid](*args, num_warps=w)``: ``launch`` spelled as ``kernel[grid](...)``."""
-    got = _LAUNCHERS.get(kernel)
+    got = _LAUNCHERS.get(id(kernel))  # by id, as in ``_key``; the launcher holds the kernel
     if got is None:
-        got = _LAUNCHERS[kernel] = _Launcher(kernel)
+        got = _LAUNCHERS[id(kernel)] = _Launcher(kernel)
     return got

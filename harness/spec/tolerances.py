@@ -20,7 +20,9 @@ tensor, in units of each element's allowed error, once signed by the reference (
 in magnitude: a scale bias) and once plain (an offset), and holds both to
 ``BIAS_Z * standard error + Tol.bias``. Round-to-nearest gives zero-mean errors, so the bound is the
 sampling noise of that mean (the standard error, from 8 rows on taken over rows as well: a row's
-elements share one rstd, whose fp32 error moves the whole row) plus a floor for the tiny biases an
+elements share one rstd, whose fp32 error moves the whole row; from 8 columns on over columns too,
+whose elements share a weight and a bias; rows narrower than ``BIAS_MIN_COLUMNS`` are not held to
+it, their few distinct values being no sample) plus a floor for the tiny biases an
 honest kernel does have (an approximate rsqrt on a GPU: ~1e-7 relative, 0.002 of a bf16 ulp). The exception is
 declared, not tolerated silently: Triton's CPU interpreter converts fp32 to bf16 by truncation
 (toward zero), so its bf16 outputs carry up to half an ulp of bias toward zero that a GPU's
@@ -55,6 +57,10 @@ BIAS_Z = 6.0
 # the fewest elements a mean signed error is held to: the spread of fewer is too noisy a standard
 # error (the rstd of 2 rows of 2^17 elements summed in order: each off by ~1e-5, the same sign by chance)
 BIAS_MIN_ELEMENTS = 16
+# rows narrower than this are not held to the bias bound: their outputs take a few values set by the
+# parameters (LayerNorm gives y = bias at N = 1 and +-weight + bias at N = 2 in every row; RMSNorm
+# +-weight at N = 1), one rounding each, not a sample
+BIAS_MIN_COLUMNS = 3
 # bias toward zero of a conversion by truncation (Triton's CPU interpreter, fp32 -> bf16), in ulps
 TOWARD_ZERO_ULPS = 0.5
 

@@ -3,8 +3,9 @@
 Forward: ATen's fused kernels (``_fused_rms_norm`` and ``native_layer_norm``, what F.rms_norm and
 F.layer_norm dispatch to), which also return the fp32 statistics. Backward: the kernels autograd
 runs for them (``_fused_rms_norm_backward``, ``native_layer_norm_backward``), called directly with the
-saved statistics so no forward is recomputed. On the CPU, where ATen has no fused RMSNorm backward
-and its LayerNorm backward takes the statistics in x's dtype, the same formulas run as fp32 ops.
+saved statistics so no forward is recomputed. On the CPU, where ATen has no fused RMSNorm backward,
+RMSNorm's backward runs its formula as fp32 ops; LayerNorm, whose CPU kernels take and return the
+statistics in x's dtype, runs ATen's fp32 kernels on x (and dy) in fp32, each output rounded once.
 
 ATen's own kernels, whatever is installed beside torch: torch 2.13 and later route ATen's fused
 RMSNorm (``_fused_rms_norm`` and its backward) to a vendored copy of Quack (CuTe DSL kernels,
@@ -44,7 +45,8 @@ def _native(op: str, x: torch.Tensor):
     if op not in rms_norm_overrides(key):
         # torch's own binding where the op has one: the same dispatch as aten.<op>, without the
         # overload resolution that torch.ops' Python packet runs on every call
-        return getattr(torch, op, None) or getattr(aten, op)
+        # (or the overload itself: a packet resolves its overload in Python on every call)
+        return getattr(torch, op, None) or getattr(aten, op).default
     kernel = _NATIVE.get((op, key))
     if kernel is None:
         from torch._native import registry
@@ -72,10 +74,15 @@ def rmsnorm_fwd(x, weight, eps):
     return y, rstd.view(-1) if rstd.dtype == torch.float32 else rstd.reshape(-1).float()
 
 
+_FUSED_RMS_BWD: dict = {}  # device type -> whether ATen has a fused RMSNorm backward there
+
+
 def _has_fused_rms_bwd(device: torch.device) -> bool:
-    return torch._C._dispatch_has_kernel_for_dispatch_key(
-        "aten::_fused_rms_norm_backward", "CUDA" if device.type == "cuda" else "CPU"
-    )
+    got = _FUSED_RMS_BWD.get(device.type)
+    if got is None:
+        key = "CUDA" if device.type == "cuda" else "CPU"
+        got = _FUSED_RMS_BWD[device.type] = torch._C._dispatch_has_kernel_for_dispatch_key("aten::_fused_rms_norm_backward", key)
+    return got
 
 
 def rmsnorm_bwd(dy, x, weight, rstd):
@@ -110,26 +117,42 @@ def layernorm_fwd(x, weight, bias, eps):
         y = (x.float() - mean) * rstd * weight.float()
         y = y + bias.float() if bias is not None else y
         return y.to(x.dtype), mean.reshape(-1), rstd.reshape(-1)
-    y, mean, rstd = torch.native_layer_norm(x, [x.shape[-1]], weight, bias, eps)  # aten's, bound directly
     if not x.is_cuda:
-        # ATen's CPU kernel returns the statistics in x's dtype (the contract wants fp32), and on
-        # wide rows whose variance overflows it returns rstd = 0 and y = bias where its narrow-row
-        # path returns NaN: statistics in fp32, NaN wherever the variance overflowed
-        var, mean = torch.var_mean(x.float(), -1, correction=0)
-        overflow = torch.isinf(var)
-        return y.masked_fill(overflow.unsqueeze(-1), float("nan")), mean, torch.rsqrt(var + eps).masked_fill(overflow, float("nan"))
+        # ATen's CPU kernel returns the statistics in x's dtype (the contract wants fp32): its fp32
+        # kernel on x in fp32 instead, y rounded once to x's dtype as the 16-bit kernel does. On wide
+        # rows whose variance overflows it returns rstd = 0 and y = bias where its narrow-row path
+        # returns NaN: NaN wherever rstd is 0 (only an infinite variance gives it)
+        y, mean, rstd = torch.native_layer_norm(x.float(), [x.shape[-1]], _f32(weight), _f32(bias), eps)
+        y, mean, rstd = y.to(x.dtype), mean.view(-1), rstd.view(-1)
+        if not rstd.all():
+            overflow = rstd == 0
+            y, rstd = y.masked_fill(overflow.unsqueeze(-1), float("nan")), rstd.masked_fill(overflow, float("nan"))
+        return y, mean, rstd
+    y, mean, rstd = torch.native_layer_norm(x, [x.shape[-1]], weight, bias, eps)  # aten's, bound directly
     return y, mean.reshape(-1), rstd.reshape(-1)
+
+
+def _f32(t):
+    return None if t is None else t.float()
 
 
 def layernorm_bwd(dy, x, weight, mean, rstd):
     n = x.shape[-1]
-    if not x.is_cuda or _mixed(x, weight):
-        # ATen's CPU backward wants the statistics in x's dtype (losing their precision), its CUDA
-        # backward one dtype for x and the weight: the formula it implements, in fp32, instead
+    pdtype = weight.dtype if weight is not None else x.dtype
+    if not x.is_cuda:
+        # ATen's CPU backward wants the statistics in x's dtype (losing their precision): its fp32
+        # kernel on fp32 copies instead, the gradients rounded once to their dtypes
+        dx, dw, db = aten.native_layer_norm_backward.default(
+            dy.float(), x.float(), [n], mean.view(-1, 1), rstd.view(-1, 1), _f32(weight),
+            torch.empty(n, dtype=torch.float32), [True, weight is not None, True],
+        )  # fmt: skip
+        return dx.to(x.dtype), (dw.to(pdtype) if dw is not None else None), db.to(pdtype)
+    if _mixed(x, weight):
+        # ATen's CUDA backward wants one dtype for x and the weight: the formula it implements, in
+        # fp32, instead
         xhat = (x.float() - mean.view(-1, 1)) * rstd.view(-1, 1)
         g = dy.float() * weight.float() if weight is not None else dy.float()
         dx = rstd.view(-1, 1) * (g - xhat * (g * xhat).mean(-1, keepdim=True) - g.mean(-1, keepdim=True))
-        pdtype = weight.dtype if weight is not None else x.dtype
         dw = (dy.float() * xhat).sum(0).to(pdtype) if weight is not None else None
         return dx.to(x.dtype), dw, dy.float().sum(0).to(pdtype)
     # ATen only uses ``bias`` to know that dbias is wanted (and in which dtype): any (N,) tensor will do

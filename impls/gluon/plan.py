@@ -42,6 +42,7 @@ since Volta, not on SM counts or clocks):
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 VECTOR_BYTES = 16
@@ -89,9 +90,15 @@ class Tile:
         return self.warps[0] * self.warps[1]
 
     def layout(self):
-        from triton.experimental.gluon import language as gl
+        return _layout(self.vec, self.threads, self.warps)
 
-        return gl.BlockedLayout([1, self.vec], list(self.threads), list(self.warps), [1, 0])
+
+@functools.cache
+def _layout(vec: int, threads: tuple, warps: tuple):
+    # one object per tile: built per launch it cost more host time than the rest of the forward
+    from triton.experimental.gluon import language as gl
+
+    return gl.BlockedLayout([1, vec], list(threads), list(warps), [1, 0])
 
 
 def vector(n: int, elem_size: int) -> int:
@@ -134,8 +141,21 @@ class Plan:
         return self.pieces > 1
 
 
+_PLANS: dict = {}
+
+
 def plan(direction: str, n: int, elem_size: int) -> Plan:
-    """The launch plan for a row of ``n`` elements of ``elem_size`` bytes (x's dtype)."""
+    """The launch plan for a row of ``n`` elements of ``elem_size`` bytes (x's dtype), computed once
+    per arguments and rules (the constants above, which experiments and tests change)."""
+    key = (direction, n, elem_size, VECTOR_BYTES, WARP, MAX_WARPS, MIN_WARPS, FWD_ROW_BYTES, BWD_ROW_MAX,
+           FWD_CHUNK, BWD_SLICE, SMALL_ROW_VECS, LANE_VECS, NARROW_ELEMENTS)  # fmt: skip
+    got = _PLANS.get(key)
+    if got is None:
+        got = _PLANS[key] = _plan(direction, n, elem_size)
+    return got
+
+
+def _plan(direction: str, n: int, elem_size: int) -> Plan:
     if direction not in ("fwd", "bwd"):
         raise ValueError(f"direction must be 'fwd' or 'bwd', got {direction!r}")
     if n < 1:

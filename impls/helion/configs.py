@@ -55,6 +55,7 @@ Measurements behind these choices: docs/kernels/helion.md.
 
 from __future__ import annotations
 
+import functools
 import json
 import warnings
 from dataclasses import dataclass, field, replace
@@ -62,6 +63,7 @@ from pathlib import Path
 
 import torch
 
+from harness.spec.jit_launch import launch as launch_jit
 from harness.spec.ops import FP8_OPS
 from harness.spec.tuned import capability_of, table_for
 
@@ -367,9 +369,29 @@ def launch(kernel: Kernel, config: dict, *args):
             # The compiled function for exactly this config: a BoundKernel is shared by every
             # config of its specialization, so pinning it (set_config) would not stay put.
             bound = kernel.bind(args)
-            run = bound.compile_config(fit(config, bound))
+            run = _fast(bound.compile_config(fit(config, bound)))
         _COMPILED[key] = run
     return run(*args)
+
+
+def _fast(compiled):
+    """The compiled host function launching through ``harness.spec.jit_launch`` (a repeated launch
+    goes straight to the Triton kernel compiled for the first) instead of Helion's default
+    launcher, which binds every argument again on each call; as it is where the function takes no
+    ``_launcher`` (a Helion that has none)."""
+    import inspect
+
+    if "_launcher" not in inspect.signature(compiled).parameters:
+        return compiled
+    return functools.partial(compiled, _launcher=_launcher)
+
+
+def _launcher(triton_kernel, grid, *args, num_warps: int, num_stages: int, **extra):
+    if extra:  # Helion's own launch options (cooperative grids, persistent state...): its launcher
+        from helion.runtime import default_launcher
+
+        return default_launcher(triton_kernel, grid, *args, num_warps=num_warps, num_stages=num_stages, **extra)
+    return launch_jit(triton_kernel, grid, args, num_warps, num_stages)
 
 
 def fit(config: dict, bound) -> Config:
