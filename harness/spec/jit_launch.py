@@ -20,55 +20,75 @@ needs ``clear()``.
 
 from __future__ import annotations
 
+import operator
+
 import torch
 
 # compiled kernels by launch key; past this many (a new key per M, for one) they start over
 LIMIT = 4096
 _COMPILED: dict[tuple, object] = {}
-_CONSTEXPRS: dict[int, tuple] = {}  # id(kernel) -> (kernel, positions of its compile-time parameters)
 _Tensor = torch.Tensor
-
-
 _PLAIN = frozenset((int, bool, str, type(None)))
+# (id(kernel), the arguments' types) -> (kernel, tensors' getter, keyed values' getter), or None
+# where an argument is of a kind the key does not know. The entry holds the kernel, so its id is
+# never reused; by id, as hashing a JITFunction hashes its source key on every call.
+_LAYOUTS: dict[tuple, tuple | None] = {}
 
 
-def _key(kernel, grid: tuple, args: tuple, num_warps, device) -> tuple | None:
-    """The launch key, two entries per argument (see the module docstring), or None where an
-    argument is of a kind it does not know. Kernels by id: hashing a JITFunction hashes its source
-    key on every call; ``_CONSTEXPRS`` holds each kernel, so its id is never reused."""
-    kid = id(kernel)
-    known = _CONSTEXPRS.get(kid)
-    if known is None:
-        params = getattr(kernel, "params", None)
-        if params is None or len(params) != len(args):
-            return None
-        known = _CONSTEXPRS[kid] = (kernel, frozenset(p.num for p in params if p.is_constexpr))
-    constexprs = known[1]
-    if len(args) != len(kernel.params):
+def _getter(positions: list):
+    if len(positions) >= 2:
+        return operator.itemgetter(*positions)
+    if positions:
+        (i,) = positions
+        return lambda args: (args[i],)
+    return lambda args: ()
+
+
+def _layout(kernel, args: tuple, types: tuple) -> tuple | None:
+    """Which arguments of a call with these ``types`` the key takes by value (ints, bools, strings,
+    None, compile-time floats and Gluon's layouts, frozen dataclasses equal when they compile
+    alike), which as tensors (dtype, 16-byte alignment), and which by type alone (runtime floats:
+    their value is no part of the binary); None where one is of a kind it does not know."""
+    params = getattr(kernel, "params", None)
+    if params is None or len(params) != len(args):
         return None
-    parts = [kid, device, grid, num_warps]
-    append = parts.append
-    for i, a in enumerate(args):
-        t = type(a)
-        if t in _PLAIN:
-            append(t)
-            append(a)
-        elif t is float:  # a runtime fp32 argument: its value is no part of the binary
-            append(float)
-            append(a if i in constexprs else None)
+    constexprs = {p.num for p in params if p.is_constexpr}
+    tensors, values = [], []
+    for i, (a, t) in enumerate(zip(args, types)):
+        if t in _PLAIN or (t is float and i in constexprs):
+            values.append(i)
+        elif t is float:
+            continue
         elif isinstance(a, _Tensor):
-            append(a.dtype)
-            append(a.data_ptr() & 15 == 0)
-        elif i in constexprs:  # Gluon's layouts: frozen dataclasses, equal when they compile alike
+            tensors.append(i)
+        elif i in constexprs:
             try:
                 hash(a)
             except TypeError:  # unhashable: no key
                 return None
-            append(t)
-            append(a)
+            values.append(i)
         else:
             return None
-    return tuple(parts)
+    return kernel, _getter(tensors), _getter(values)
+
+
+def _key(kernel, grid: tuple, args: tuple, num_warps, device) -> tuple | None:
+    """The launch key (see the module docstring), or None where an argument is of a kind it does
+    not know: the arguments' types, the values of those taken by value, each tensor's dtype and
+    alignment, in as few Python steps as it can (this runs on every launch)."""
+    types = tuple(map(type, args))
+    kid = id(kernel)
+    try:
+        layout = _LAYOUTS[(kid, types)]
+    except KeyError:
+        layout = _LAYOUTS[(kid, types)] = _layout(kernel, args, types)
+    if layout is None:
+        return None
+    tensors = layout[1](args)
+    return (
+        kid, device, grid, num_warps, types, layout[2](args),
+        tuple([t.dtype for t in tensors]), tuple([t.data_ptr() & 15 == 0 for t in tensors]),
+    )  # fmt: skip
 
 
 def _grid3(grid) -> tuple:

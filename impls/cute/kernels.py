@@ -1014,10 +1014,10 @@ def _dtype(t):
 def _forward(op, x, residual, weight, bias, eps):
     m, n = x.shape
     _check_call(m)
-    y = torch.empty((m, n), dtype=x.dtype, device=x.device)
-    h = torch.empty((m, n), dtype=x.dtype, device=x.device) if residual is not None else None
-    rstd = torch.empty(m, dtype=torch.float32, device=x.device)
-    mean = torch.empty(m, dtype=torch.float32, device=x.device) if op == "layernorm" else None
+    y = x.new_empty((m, n))
+    h = x.new_empty((m, n)) if residual is not None else None
+    rstd = x.new_empty(m, dtype=torch.float32)
+    mean = x.new_empty(m, dtype=torch.float32) if op == "layernorm" else None
     vec = vector_width(n, x.dtype, *(t for t in (x, residual, y, h, weight, bias) if t is not None))
     few_rows = m <= _num_sms(x.device.index or 0)
     key = kernel_key(op, "fwd", x.dtype, n, vec, _dtype(weight), _dtype(bias), residual is not None, few_rows)
@@ -1029,7 +1029,7 @@ def _forward(op, x, residual, weight, bias, eps):
 def _backward(op, dy, x, weight, rstd, mean, dresidual=None):
     m, n = x.shape
     _check_call(m)
-    dx = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    dx = x.new_empty((m, n))
     vec = vector_width(n, x.dtype, *(t for t in (dy, x, dresidual, dx, weight) if t is not None))
     key = kernel_key(op, "bwd", x.dtype, n, vec, _dtype(weight), None, dresidual is not None)
     fn, kernel = compile_kernel(key)
@@ -1038,13 +1038,13 @@ def _backward(op, dy, x, weight, rstd, mean, dresidual=None):
         _RESIDENT[key] = max_resident(fn, kernel, _num_sms(x.device.index or 0))
     groups = max(1, min(_cdiv(m, launch.rows_per_cta), _RESIDENT[key]))
     slots = groups * launch.rows_per_cta
-    dwp = torch.empty((slots, n), dtype=torch.float32, device=x.device) if weight is not None else None
-    dbp = torch.empty((slots, n), dtype=torch.float32, device=x.device) if op == "layernorm" else None
+    dwp = x.new_empty((slots, n), dtype=torch.float32) if weight is not None else None
+    dbp = x.new_empty((slots, n), dtype=torch.float32) if op == "layernorm" else None
     fn(dy, x, weight, rstd, mean, dresidual, dx, dwp, dbp, groups)
     # reduced in fp32 over the slots, then rounded once to the parameter's dtype (x's or fp32)
     pdtype = x.dtype if weight is None else weight.dtype
-    dw = torch.empty(n, dtype=pdtype, device=x.device) if dwp is not None else None
-    db = torch.empty(n, dtype=pdtype, device=x.device) if dbp is not None else None
+    dw = x.new_empty(n, dtype=pdtype) if dwp is not None else None
+    db = x.new_empty(n, dtype=pdtype) if dbp is not None else None
     pairs = [(p, out) for p, out in ((dwp, dw), (dbp, db)) if p is not None]
     if pairs:  # one launch for both: (partials, result) once or twice
         (p0, out0), (p1, out1) = pairs[0], (pairs[1] if len(pairs) == 2 else (None, None))

@@ -497,10 +497,10 @@ def norm_fwd(x, residual, weight, bias, eps, layernorm: bool):
     M, N, heads = _row_shape(x)
     p: Plan = plan("fwd", N, x.element_size())
     t = p.tile
-    y = torch.empty((M, N), dtype=x.dtype, device=x.device)
-    h = torch.empty((M, N), dtype=x.dtype, device=x.device) if residual is not None else None
-    rstd = torch.empty(M, dtype=torch.float32, device=x.device)
-    mean = torch.empty(M, dtype=torch.float32, device=x.device) if layernorm else None
+    y = x.new_empty((M, N))
+    h = x.new_empty((M, N)) if residual is not None else None
+    rstd = x.new_empty(M, dtype=torch.float32)
+    mean = x.new_empty(M, dtype=torch.float32) if layernorm else None
     args = dict(
         X=x, R=x if residual is None else residual,  # x, rstd: placeholders, never read
         W=x if weight is None else weight, B=x if bias is None else bias,
@@ -526,9 +526,9 @@ def norm_bwd(dy, dres, x, weight, mean, rstd, layernorm: bool):
     t = p.tile
     slices = p.pieces
     has_weight = weight is not None
-    dx = torch.empty((M, N), dtype=x.dtype, device=x.device)
+    dx = x.new_empty((M, N))
     n_sums = int(has_weight) + int(layernorm)
-    sums = torch.empty((n_sums, N), dtype=weight.dtype if has_weight else x.dtype, device=x.device)
+    sums = x.new_empty((n_sums, N), dtype=weight.dtype if has_weight else x.dtype)
     # one partial row of dw / db per row group, for at most as many groups as fill the SMs' threads
     # (the binary's registers may allow fewer: ``_resident``)
     most = min(_grid_rows(M, t), max(1, programs_per_sm(t) * sm_count(x.device) // slices))
@@ -539,7 +539,7 @@ def norm_bwd(dy, dres, x, weight, mean, rstd, layernorm: bool):
     layout = t.layout()
     strides = {**_stride_args("dy", dy, heads), **_stride_args("x", x, heads)}
     if slices > 1:
-        row_sums = torch.empty((2, M, slices), dtype=torch.float32, device=x.device)
+        row_sums = x.new_empty((2, M, slices), dtype=torch.float32)
         _launch(
             _bwd_row_sums_kernel, (slices * _grid_rows(M, t),),
             dict(DY=dy, X=x, W=w, MEAN=mean, ROW_SUMS=row_sums, M=M, N=N, NH=max(heads, 1), **strides),

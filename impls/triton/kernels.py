@@ -327,10 +327,10 @@ def norm_fwd(x, weight, bias, eps, layernorm: bool, config: Config | None = None
     """(y, mean or None, rstd, residual_out or None); with ``residual``, the norm of x + residual
     (residual_out, as stored). ``config`` overrides the pinned/heuristic choice."""
     M, N, _ = row_shape(x)
-    y = torch.empty((M, N), dtype=x.dtype, device=x.device)
-    h = torch.empty((M, N), dtype=x.dtype, device=x.device) if residual is not None else None
-    rstd = torch.empty(M, dtype=torch.float32, device=x.device)
-    mean = torch.empty(M, dtype=torch.float32, device=x.device) if layernorm else rstd  # unused for RMSNorm
+    y = x.new_empty((M, N))
+    h = x.new_empty((M, N)) if residual is not None else None
+    rstd = x.new_empty(M, dtype=torch.float32)
+    mean = x.new_empty(M, dtype=torch.float32) if layernorm else rstd  # unused for RMSNorm
 
     def launch(cfg: Config):
         return launch_fwd(cfg, x, weight, bias, eps, layernorm, y, mean, rstd, residual, h)
@@ -643,7 +643,7 @@ def launch_bwd(cfg: Config, dy, x, weight, mean, rstd, layernorm: bool, dx, sums
     if cfg.slice:
         row_sums = rstd  # never read unless the first kernel fills it
         if cfg.row_sums:
-            row_sums = torch.empty((2, M, slices), dtype=torch.float32, device=x.device)
+            row_sums = x.new_empty((2, M, slices), dtype=torch.float32)
             grid = (slices * triton.cdiv(M, cfg.rows),)
             fast(_norm_bwd_row_sums_kernel)[grid](
                 dy, x, w, mean, row_sums, M, N, sdy, sx, max(heads, 1), sdyh, sxh,
@@ -685,9 +685,9 @@ def norm_bwd(dy, x, weight, mean, rstd, layernorm: bool, config: Config | None =
     pinned/heuristic choice."""
     M, N, _ = row_shape(x)
     has_weight = weight is not None
-    dx = torch.empty((M, N), dtype=x.dtype, device=x.device)
+    dx = x.new_empty((M, N))
     n_sums = int(has_weight) + int(layernorm)
-    sums = torch.empty((n_sums, N), dtype=weight.dtype if has_weight else x.dtype, device=x.device)
+    sums = x.new_empty((n_sums, N), dtype=weight.dtype if has_weight else x.dtype)
 
     def launch(cfg: Config):
         return launch_bwd(cfg, dy, x, weight, mean, rstd, layernorm, dx, sums, dresidual)
