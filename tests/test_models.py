@@ -178,3 +178,18 @@ def test_every_implementation_on_cuda(compiled, tmp_path):
         assert "fail" not in st.values() and "error" not in st.values(), rep["results"]
         assert st["cute"] == "pass" and rep["timing"]["variants"]["own"]["step_ms"] > 0
     assert rc == 0
+
+
+def test_a_compiled_model_counts_compilation_among_its_controls(tmp_path):
+    """Whole-model torch.compile: the compiled variants are compared with the compiled model, whose
+    own difference from the uncompiled run (Inductor's rounding) is a control beside the perturbed
+    runs; the report's text says so."""
+    from harness.registry import get
+
+    rc = models.run(["llama"], "tiny", [get("eager")], device="cpu", steps=2, compile=True, trials=0, out=tmp_path)
+    rep = json.loads((tmp_path / "llama-tiny-compiled.json").read_text())
+    controls = rep["tolerance"]["controls"]
+    assert rc == 0 and len(controls) == len(models.CONTROL_SEEDS) + 1
+    assert controls[-1] == models.rel_diffs(rep["own"], rep["own_uncompiled"])
+    assert all(rep["tolerance"]["tol"][k] >= models.SAFETY * controls[-1][k] for k in controls[-1])
+    assert "compiled model with its own norms against the uncompiled one" in (tmp_path / "models.md").read_text()

@@ -56,7 +56,10 @@ Method, and why:
   neighbours; with an implementation's, the norm is a custom op (``harness.integrate.library``) that
   Inductor calls as an opaque kernel. The report names which ran (``norms_run_as``). The number of
   graph breaks while compiling each variant is recorded. The controls run uncompiled, against an
-  uncompiled run of the model's own norms.
+  uncompiled run of the model's own norms; the compiled model with its own norms against that same
+  run is one more control (its difference is compilation's rounding, which a variant compared with
+  the compiled model carries as well: on Qwen3 at the 1b size, step K a loss spike, it was 0.88x of
+  the two perturbation controls' tolerance).
 
 Reports: ``<arch>-<size>-<eager|compiled>.json`` per architecture and mode, and ``models.md``
 rebuilt from every training JSON in the folder (``--mode decode``, ``harness.run.decode``, writes
@@ -463,6 +466,11 @@ def run_arch(arch: str, size: str, impls: list[Implementation], *, device: str, 
         with perturbed_norms([ctl.model.get_submodule(n) for n in norms], seed=1000 + c, device=device):
             controls.append(rel_diffs(ctl.run(), own_plain))
         del ctl
+    if compile:
+        # compiling the model moves these quantities too (Inductor's fusions round otherwise): its
+        # own norms compiled against the same uncompiled run is a control of its own, for the
+        # compiled variants are compared with the compiled model
+        controls.append(rel_diffs(own, own_plain))
     _release(device)
     tol = tolerances(controls, tdtype)
     _log(f"{tag} tolerance (x{SAFETY:g} the controls): " + ", ".join(f"{k} {v:.2e}" for k, v in tol.items()))
@@ -653,8 +661,7 @@ def markdown(reps: list[dict]) -> str:
             f"(lr {rep['lr']}); norms: " + ", ".join(f"{n} x {c}" for c, n in _count(rep["norms"]).items()) + ".",
             "Agreement: relative difference from the model's own norms of the loss, the gradient norm (all parameters) "
             "and the norms' gradient norm, at step 1 and K, with its ratio to the tolerance; "
-            f"tolerance {rep['tolerance']['safety']:g} x the largest difference of {len(rep['tolerance']['controls'])} "
-            "control runs whose norm outputs were moved by up to the error `normbench check` allows: "
+            f"tolerance {rep['tolerance']['safety']:g} x the largest difference of {_controls_text(rep)}: "
             + ", ".join(f"{k} {v:.1e}" for k, v in rep["tolerance"]["tol"].items()) + ".",
         ]
         if rep["compile"]:
@@ -707,6 +714,15 @@ def _timing_lines(timing) -> list[str]:
         f"noisy above {timing.get('noisy_above', 0.05):.0%}."
     )
     return [text]
+
+
+def _controls_text(rep: dict) -> str:
+    n = len(rep["tolerance"]["controls"])
+    perturbed = min(n, len(CONTROL_SEEDS))
+    text = f"{perturbed} control runs whose norm outputs were moved by up to the error `normbench check` allows"
+    if rep.get("compile") and n > perturbed:  # reports from before the compiled model was a control
+        text += " and of the compiled model with its own norms against the uncompiled one"
+    return text
 
 
 def _spread(t) -> str:
