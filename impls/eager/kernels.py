@@ -4,8 +4,10 @@ Forward: ATen's fused kernels (``_fused_rms_norm`` and ``native_layer_norm``, wh
 F.layer_norm dispatch to), which also return the fp32 statistics. Backward: the kernels autograd
 runs for them (``_fused_rms_norm_backward``, ``native_layer_norm_backward``), called directly with the
 saved statistics so no forward is recomputed. On the CPU, where ATen has no fused RMSNorm backward,
-RMSNorm's backward runs its formula as fp32 ops; LayerNorm, whose CPU kernels take and return the
-statistics in x's dtype, runs ATen's fp32 kernels on x (and dy) in fp32, each output rounded once.
+RMSNorm's backward runs its formula as fp32 ops; LayerNorm, whose CPU kernels keep the statistics
+in the parameters' dtype, runs its forward with fp32 parameters (fp32 statistics, y in x's dtype)
+and its backward as ATen's fp32 kernel on x and dy in fp32, each gradient rounded once (its
+mixed-dtype backward rounds dweight and dbias on the way).
 
 ATen's own kernels, whatever is installed beside torch: torch 2.13 and later route ATen's fused
 RMSNorm (``_fused_rms_norm`` and its backward) to a vendored copy of Quack (CuTe DSL kernels,
@@ -118,12 +120,16 @@ def layernorm_fwd(x, weight, bias, eps):
         y = y + bias.float() if bias is not None else y
         return y.to(x.dtype), mean.reshape(-1), rstd.reshape(-1)
     if not x.is_cuda:
-        # ATen's CPU kernel returns the statistics in x's dtype (the contract wants fp32): its fp32
-        # kernel on x in fp32 instead, y rounded once to x's dtype as the 16-bit kernel does. On wide
-        # rows whose variance overflows it returns rstd = 0 and y = bias where its narrow-row path
-        # returns NaN: NaN wherever rstd is 0 (only an infinite variance gives it)
-        y, mean, rstd = torch.native_layer_norm(x.float(), [x.shape[-1]], _f32(weight), _f32(bias), eps)
-        y, mean, rstd = y.to(x.dtype), mean.view(-1), rstd.view(-1)
+        # ATen's CPU kernel returns the statistics in its parameters' dtype (the contract wants
+        # fp32): fp32 parameters beside 16-bit x (a weight of ones where there are none: y is the
+        # same), its mixed-dtype kernel, y in x's dtype. Where a row's variance overflows it can
+        # return rstd = 0 and y = bias where its narrow-row path returns NaN: NaN wherever rstd is 0
+        # (only an infinite variance gives it)
+        n = x.shape[-1]
+        if x.dtype != torch.float32 and weight is None and bias is None:
+            weight = torch.ones(n, dtype=torch.float32)
+        y, mean, rstd = torch.native_layer_norm(x, [n], _f32(weight), _f32(bias), eps)
+        mean, rstd = mean.view(-1), rstd.view(-1)
         if not rstd.all():
             overflow = rstd == 0
             y, rstd = y.masked_fill(overflow.unsqueeze(-1), float("nan")), rstd.masked_fill(overflow, float("nan"))
