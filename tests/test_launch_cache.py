@@ -493,3 +493,13 @@ def test_a_recorded_call_replays_its_launches_alone(fake_gpu):
     assert k.log == [("handle", g, a) for _, g, a in launches]
     jit_launch.launch(k, (4,), (x, 64, 0.5, 128), 4)  # outside the block: nothing recorded
     assert len(launches) == 3
+
+
+def test_a_compile_time_value_unhashable_after_a_hashable_one_falls_back(fake_gpu):
+    """The key's layout is built per argument types; a tuple constant that holds a list the second
+    time (same type, unhashable) launches in full rather than raising."""
+    k = _Kernel()
+    x = torch.zeros(64)
+    for const in [(1, 8), (1, [8])]:
+        jit_launch.launch(k, (4,), (x, 64, 1e-5, const), 4)
+    assert [e[0] for e in k.log] == ["full", "full"]

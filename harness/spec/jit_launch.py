@@ -102,7 +102,10 @@ def launch(kernel, grid, args: tuple, num_warps: int, num_stages: int | None = N
     grid = _grid3(grid)
     device = _current_device()
     key = _key(kernel, grid, args, (num_warps, num_stages), device) if device is not None else None
-    compiled = _COMPILED.get(key) if key is not None else None
+    try:
+        compiled = _COMPILED.get(key) if key is not None else None
+    except TypeError:  # a value unhashable where an earlier one of its type was not: no key
+        key = compiled = None
     if compiled is not None:
         compiled[grid](*args)
         if _RECORDING:
