@@ -20,7 +20,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from regimes import ODD, OPS, SMALL, timed
+from regimes import ODD, OPS, SMALL, collected, timed
 
 from harness.registry import get
 from harness.run.timer import measure_copy_bandwidth
@@ -102,24 +102,7 @@ def main() -> None:
     plan.NARROW_ELEMENTS = None
     print("gluon done", round(time.perf_counter() - started, 1), flush=True)
 
-    results = pending.get()
-    pool.close()
-    pool.join()
-    for r in results:
-        for c in r["candidates"]:
-            if "ms" in c:
-                c["frac"] = round(c["tb_s"] / roof, 4)
-        b = r["best"]
-        print(
-            r["entry"],
-            r["n"],
-            "pinned",
-            r["candidates"][0].get("frac"),
-            "best",
-            b and b.get("frac"),
-            b and b["config"],
-            flush=True,
-        )
+    results = collected(pending, pool, roof, "pinned", ("config",))
     (out / "helion_tune2.json").write_text(json.dumps({**env, "jobs": results}, indent=1) + "\n")
     pin(results, gpu)
     (out / "configs.json").write_text(Path("impls/helion/configs.json").read_text())

@@ -144,6 +144,22 @@ def helion_jobs(gpu: str, sms: int) -> list[dict]:
     return jobs
 
 
+
+def collected(pending, pool, roof: float, label: str, shown: tuple) -> list:
+    """The tuning jobs' results once the pool is done, each candidate's fraction of the copy
+    bandwidth added and one line printed per job: its first candidate (``label``) and the best."""
+    results = pending.get()
+    pool.close()
+    pool.join()
+    for r in results:
+        for c in r["candidates"]:
+            if "ms" in c:
+                c["frac"] = round(c["tb_s"] / roof, 4)
+        best = r["best"]
+        shown_values = [best and best[k] for k in shown]
+        print(r["entry"], r["n"], label, r["candidates"][0].get("frac"), "best", best and best.get("frac"), *shown_values, flush=True)
+    return results
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--base", default=".nbbase", help="folder holding the package nbbase (the committed kernels)")
@@ -181,25 +197,7 @@ def main() -> None:
     rows = helion_base_runs(lock, roof)
     (out / "helion_base.json").write_text(json.dumps({**env, "rows": rows}, indent=1) + "\n")
     print("helion base done", round(time.perf_counter() - started, 1), flush=True)
-    results = pending.get()
-    pool.close()
-    pool.join()
-    for r in results:
-        for c in r["candidates"]:
-            if "ms" in c:
-                c["frac"] = round(c["tb_s"] / roof, 4)
-        best = r["best"]
-        print(
-            r["entry"],
-            r["n"],
-            "base",
-            r["candidates"][0].get("frac"),
-            "best",
-            best and best.get("frac"),
-            best and best["kernel"],
-            best and best["config"],
-            flush=True,
-        )
+    results = collected(pending, pool, roof, "base", ("kernel", "config"))
     (out / "helion_tune.json").write_text(json.dumps({**env, "jobs": results}, indent=1) + "\n")
     print("all done", round(time.perf_counter() - started, 1), flush=True)
 
