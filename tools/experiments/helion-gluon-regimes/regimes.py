@@ -144,7 +144,6 @@ def helion_jobs(gpu: str, sms: int) -> list[dict]:
     return jobs
 
 
-
 def collected(pending, pool, roof: float, label: str, shown: tuple) -> list:
     """The tuning jobs' results once the pool is done, each candidate's fraction of the copy
     bandwidth added and one line printed per job: its first candidate (``label``) and the best."""
@@ -159,6 +158,7 @@ def collected(pending, pool, roof: float, label: str, shown: tuple) -> list:
         shown_values = [best and best[k] for k in shown]
         print(r["entry"], r["n"], label, r["candidates"][0].get("frac"), "best", best and best.get("frac"), *shown_values, flush=True)
     return results
+
 
 def main() -> None:
     ap = argparse.ArgumentParser()
