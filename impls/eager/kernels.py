@@ -146,8 +146,9 @@ def layernorm_bwd(dy, x, weight, mean, rstd):
     n = x.shape[-1]
     pdtype = weight.dtype if weight is not None else x.dtype
     if not x.is_cuda:
-        # ATen's CPU backward wants the statistics in x's dtype (losing their precision): its fp32
-        # kernel on fp32 copies instead, the gradients rounded once to their dtypes
+        # ATen's CPU backward takes the statistics in its parameters' dtype, and with fp32 ones
+        # beside 16-bit x rounds dweight and dbias on the way: its fp32 kernel on fp32 copies
+        # instead, the gradients rounded once to their dtypes
         dx, dw, db = aten.native_layer_norm_backward.default(
             dy.float(), x.float(), [n], mean.view(-1, 1), rstd.view(-1, 1), _f32(weight),
             torch.empty(n, dtype=torch.float32), [True, weight is not None, True],
