@@ -60,7 +60,7 @@ RMS_NORM_OPS = ("_fused_rms_norm", "_fused_rms_norm_backward")
 @functools.cache
 def _native_registry():
     """torch._native's registry, or None with a torch that has none. Looked up once: eager's kernels
-    ask on every call, and a failed import searches every path entry again (~50 µs a call)."""
+    ask on every call, and a failed import searches every path entry again (tens of µs a call)."""
     try:
         from torch._native import registry
     except ImportError:
