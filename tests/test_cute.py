@@ -1,9 +1,11 @@
 """CuTe DSL kernels: every variant compiles for sm_90a without a GPU, and every launch shape the
 host side can pick is one Hopper accepts (or a clear ValueError); the FP8-output kernels compile to
 the hardware's saturating conversion and vector-wide stores of q, and their 1 x 128 blocks map onto
-lane groups. On the GPU: add_rmsnorm and fp32 weights against the fp64 reference, the FP8 ops
-against the exact checker, NaN where the statistics overflow, and CuTe-specific behaviour (no
-recompilation for a new M, deterministic backward). The registry-driven tests check the rest."""
+lane groups; per-head (T, H, N) views are read in place or copied as ``view_rows`` decides, and
+the kernels' own tiles of a view, run on the CPU, read the contract's rows. On the GPU:
+add_rmsnorm, fp32 weights and per-head views against the fp64 reference, the FP8 ops against the
+exact checker, NaN where the statistics overflow, and CuTe-specific behaviour (no recompilation
+for a new M, deterministic backward). The registry-driven tests check the rest."""
 
 import math
 import os
@@ -16,6 +18,10 @@ import torch
 # detects no GPU and targets sm_100a)
 os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
 pytest.importorskip("cutlass")
+
+import cutlass
+from cutlass import cute
+from cutlass.cute.runtime import from_dlpack
 
 from harness.spec import reference  # noqa: E402
 from harness.run.checker import _check_tensors, compare, poisoned_allocations, run_check  # noqa: E402
@@ -284,6 +290,243 @@ def test_compile_keys_carry_the_parameter_dtypes():
     assert fused == K.kernel_key("rmsnorm", "bwd", BF16, 4096, 8, BF16)
 
 
+# ---------------------------------------------------------------------------- per-head views
+# (T, H, N) views of a fused QKV tensor (row_views): the per-head set's heads at N = 128, and the
+# edge set's two views
+PERHEAD_H = sorted({s.dims[1] for s in SHAPE_SETS["perhead"]})
+EDGE_VIEWS = [s for s in SHAPE_SETS["edge"] if s.layout.startswith("head-slice-")]
+NORM_VARIANTS = VARIANTS + [("add_rmsnorm", "fwd"), ("add_rmsnorm", "bwd")]
+
+
+def _head_view(t: int, h: int, n: int, p: int, dtype=BF16) -> torch.Tensor:
+    """The first h of p heads of a contiguous (T, P, N) tensor, as the per-head sets cut q and k."""
+    return torch.zeros(t, p, n, dtype=dtype)[:, :h]
+
+
+def test_vector_width_takes_a_views_token_and_head_strides():
+    base = torch.empty(4096, dtype=BF16)
+    assert P.vector_width(128, BF16, _head_view(4, 8, 128, 48)) == 8
+    assert P.vector_width(96, BF16, base.as_strided((3, 2, 96), (296, 96, 1))) == 8
+    assert P.vector_width(96, BF16, base.as_strided((3, 2, 96), (300, 96, 1))) == 4  # the token stride
+    assert P.vector_width(96, BF16, base.as_strided((3, 2, 96), (304, 100, 1))) == 4  # the head stride
+    assert P.vector_width(96, BF16, base.as_strided((1, 2, 96), (3, 96, 1))) == 8  # one token: no stride
+    assert P.vector_width(1003, BF16, _head_view(4, 2, 1003, 5)) == 1
+
+
+@pytest.mark.parametrize("dtype", [BF16, FP32])
+def test_view_rows_reads_every_perhead_shape_in_place(dtype):
+    """Every per-head view of the perhead set and the edge set's H = 2 view go in place with the
+    usual launch; the edge set's H = 3 view (3 neither divides nor is divided by a tile of 8 to 32
+    rows, and gcd(3, R) = 1 row is no warp) is copied."""
+    for shape in [s for s in SHAPE_SETS["perhead"] if s.layout != "contiguous"] + EDGE_VIEWS:
+        _, h, n = shape.dims
+        vec = math.gcd(16 // dtype.itemsize, n)
+        for op, direction in NORM_VARIANTS:
+            launch = K.kernel_key(op, direction, dtype, n, vec, dtype, None, op == "add_rmsnorm")[-1]
+            want = 0 if h == 3 else launch.rows_per_cta
+            assert P.view_rows(launch, h) == want, (shape.label, op, direction, launch)
+
+
+def test_view_rows_takes_fewer_rows_or_copies_where_the_tile_does_not_fit():
+    fwd = P.launch_shape(128, 2, 8)  # 32 rows of 4 threads
+    assert (fwd.rows_per_cta, fwd.threads_per_row) == (32, 4)
+    assert [P.view_rows(fwd, h) for h in (64, 32, 16, 8, 2)] == [32] * 5  # R divides H, or H divides R
+    assert P.view_rows(fwd, 24) == P.view_rows(fwd, 40) == 8  # a CTA of gcd(H, 32) = 8 rows, 32 threads
+    assert P.view_rows(fwd, 28) == P.view_rows(fwd, 12) == P.view_rows(fwd, 3) == 0  # 4 rows: 16 threads
+    bwd = P.launch_shape(128, 2, 8, "bwd")  # 16 rows of 8 threads
+    assert (bwd.rows_per_cta, bwd.threads_per_row) == (16, 8)
+    assert P.view_rows(bwd, 28) == 4 and P.view_rows(bwd, 3) == 0
+    wide = P.launch_shape(4096, 2, 8)  # a row a CTA: any view
+    assert wide.rows_per_cta == 1 and P.view_rows(wide, 3) == 1
+    capped = P.launch_shape(128, 2, 8, rows=8)
+    assert (capped.rows_per_cta, capped.num_threads) == (8, 32)
+    P.check_launch(capped, 128, P.shared_memory_bytes(capped, 2, "rmsnorm", "fwd"))
+
+
+def _forward_key(op, dtype, n, residual):
+    def key_of(rows, heads, views, cap):
+        vec = P.vector_width(n, dtype, *(t for t in rows if t is not None))
+        return K.kernel_key(op, "fwd", dtype, n, vec, dtype, None, residual, False, heads, views, cap)
+
+    return key_of
+
+
+def test_host_side_passes_views_in_place_and_copies_the_rest():
+    """What the host side hands the kernels (no GPU: the decision only): views whose tiles fit go
+    as they are, with their heads in the compile key; a view whose heads no tile fits is copied to
+    (M, N) rows; a 3-D tensor with an (M, N) view (contiguous, like dy) goes as that view."""
+    n = 128
+    key_of = _forward_key("add_rmsnorm", BF16, n, True)
+    x, res = _head_view(5, 8, n, 48), _head_view(5, 8, n, 48)
+    key, (x2, r2) = K._planned(key_of, (x, res), n)
+    assert x2 is x and r2 is res and key[8:10] == (8, (True, True)) and key[-1].rows_per_cta == 32
+    # residual contiguous: (M, N) rows of the same memory beside the view
+    dense = torch.zeros(5, 8, n, dtype=BF16)
+    key, (x2, r2) = K._planned(key_of, (x, dense), n)
+    assert x2 is x and r2.shape == (40, n) and r2.data_ptr() == dense.data_ptr() and key[8:10] == (8, (True, False))
+    # 24 heads: a tile of 32 rows would cross tokens unevenly; 8 rows a CTA instead
+    key, (x2, _) = K._planned(key_of, (_head_view(3, 24, n, 40), None), n)
+    assert x2.dim() == 3 and key[-1].rows_per_cta == 8 and key[-1].num_threads == 32
+    # 3 heads of 96: copied, and the key is that of (M, N) rows
+    key_of = _forward_key("rmsnorm", BF16, 96, False)
+    x = _head_view(5, 3, 96, 7)
+    key, (x2, r2) = K._planned(key_of, (x, None), 96)
+    assert r2 is None and x2.shape == (15, 96) and x2.is_contiguous() and x2.data_ptr() != x.data_ptr()
+    assert key[8:10] == (0, ()) and key == key_of((x2, None), 0, (), 0)
+    # (M, N) rows, and a view of one token: no views at all, the usual key
+    rows = torch.zeros(6, 96, dtype=BF16)
+    assert K._planned(key_of, (rows, None), 96) == (key_of((rows, None), 0, (), 0), (rows, None))
+    key, (x2, _) = K._planned(key_of, (_head_view(1, 3, 96, 7), None), 96)
+    assert x2.shape == (3, 96) and key[8:10] == (0, ())
+
+
+def _walk_view(launch, dtype, heads: int, n: int, views: list[tuple[int, int, int]]) -> list[tuple]:
+    """Where the kernels' threads read a (T, H, N) view: for each (T, token stride, head stride) in
+    ``views``, the offset each (row, column) is read at, by the first and last element of every
+    vector, through the kernels' own as_rows, tiled copy, tiles and coordinate tensor, with T and
+    the strides runtime values, as on the GPU. Compiled for the CPU (a host function, no kernel)
+    and run there. Every tile is taken both ways the kernels take it: the forward by its index,
+    the backward from the tiles' mode; (M, N) int64 each, -1 where nothing was read."""
+    R, vec, vpt = launch.rows_per_cta, launch.vec, launch.vecs_per_thread
+    tiler = (R, launch.chunk)
+    ends = sorted({0, vec - 1})
+
+    @cute.jit
+    def walk(by_index: cute.Tensor, by_mode: cute.Tensor, T: cutlass.Int32, sT: cutlass.Int64, sH: cutlass.Int64):
+        base = cute.make_identity_tensor(2**31 - 1)  # a tensor whose every element is its offset
+        view = K.as_rows(cute.make_tensor(base.iterator, cute.make_layout((T, heads, n), stride=(sT, sH, 1))))
+        M = cute.size(view, mode=[0])
+        tiled = K._tiled_copy(K._TORCH2CUTE[dtype], launch)
+        for tidx in cutlass.range(launch.num_threads):
+            thr = tiled.get_slice(tidx)
+            tiles = thr.partition_S(cute.local_tile(view, tiler, (None, 0)))
+            coords = thr.partition_S(cute.local_tile(cute.make_identity_tensor((M, n)), tiler, (None, 0)))
+            for tile in cutlass.range(cute.ceil_div(M, R)):
+                one = thr.partition_S(cute.local_tile(view, tiler, (tile, 0)))
+                for k in cutlass.range_constexpr(vpt):
+                    for e in cutlass.range_constexpr(len(ends)):
+                        row, col = coords[(ends[e], 0), 0, k, tile]
+                        if row < M and col < n:
+                            by_index[row, col] = one[(ends[e], 0), 0, k]
+                            by_mode[row, col] = tiles[(ends[e], 0), 0, k, tile]
+
+    out = []
+    for tokens, s_t, s_h in views:
+        by_index, by_mode = (torch.full((tokens * heads, n), -1, dtype=torch.int64) for _ in range(2))
+        walk(from_dlpack(by_index), from_dlpack(by_mode), cutlass.Int32(tokens), cutlass.Int64(s_t), cutlass.Int64(s_h))
+        out.append((by_index, by_mode))
+    return out
+
+
+# (dtype, direction, N, H): H a multiple of the tile's rows (several tiles a token in the backward),
+# the tile a multiple of H (whole tokens, and a last tile past T), 24 and 40 heads (8 rows a CTA),
+# one row a CTA (N = 1003: one-element vectors)
+WALKS = [(BF16, "fwd", 128, 64), (FP32, "bwd", 128, 32), (BF16, "fwd", 128, 8), (FP32, "fwd", 128, 8),
+         (BF16, "fwd", 128, 24), (BF16, "bwd", 128, 40), (BF16, "fwd", 1003, 2)]  # fmt: skip
+
+
+@pytest.mark.parametrize("dtype,direction,n,heads", WALKS, ids=str)
+def test_views_tiles_address_the_contracts_rows(dtype, direction, n, heads):
+    """Row r = t * H + h of a per-head view, column c, is read at t * stride(0) + h * stride(1) + c,
+    by the thread whose coordinate says (r, c), in the launch the host side picks: every row and
+    vector once, for several T (a last tile past T among them) and strides (heads of a wider
+    tensor, and heads laid out before tokens)."""
+    vec = math.gcd(16 // dtype.itemsize, n)
+    launch = P.launch_shape(n, dtype.itemsize, vec, direction)
+    launch = P.launch_shape(n, dtype.itemsize, vec, direction, rows=P.view_rows(launch, heads))
+    views = [(t, (heads + 3) * n, n) for t in (1, 3, 5, 8)] + [(3, n, 7 * n)]
+    ends = torch.zeros(n, dtype=torch.bool)
+    ends[::vec] = ends[vec - 1 :: vec] = True
+    for (tokens, s_t, s_h), walked in zip(views, _walk_view(launch, dtype, heads, n, views)):
+        r, c = torch.arange(tokens * heads)[:, None], torch.arange(n)[None, :]
+        want = torch.where(ends, (r // heads) * s_t + (r % heads) * s_h + c, -1)
+        for got in walked:
+            assert torch.equal(got, want), (tokens, s_t, s_h)
+
+
+@pytest.mark.parametrize("heads", PERHEAD_H)
+@pytest.mark.parametrize("dtype", [BF16, FP32])
+@pytest.mark.parametrize("op,direction", NORM_VARIANTS)
+def test_perhead_views_compile(op, direction, dtype, heads):
+    """The perhead set's views at N = 128: x (and the residual) in the forward, x in the backward
+    (dy comes contiguous)."""
+    assert K.compile_only(op, direction, dtype, 128, heads=heads) > 0
+
+
+@pytest.mark.parametrize("dtype", [BF16, FP32])
+@pytest.mark.parametrize("op,direction", NORM_VARIANTS)
+def test_edge_views_compile(op, direction, dtype):
+    """The edge set's view that is read in place: 2 heads of 1003 (one-element vectors, a row a
+    CTA); and 24 heads, which take a CTA of fewer rows."""
+    assert K.compile_only(op, direction, dtype, 1003, vec=1, heads=2) > 0
+    vec = 16 // dtype.itemsize
+    rows = P.view_rows(P.launch_shape(128, dtype.itemsize, vec, direction), 24)
+    assert 0 < rows < 16 and K.compile_only(op, direction, dtype, 128, heads=24, rows=rows) > 0
+
+
+@pytest.mark.parametrize("views", [(True, False, True), (False, True, True), (True, True, True)])
+def test_backward_views_in_any_row_tensor_compile(views):
+    """dy, x (residual_out) and dresidual_out each a view or (M, N) rows on its own."""
+    assert K.compile_only("add_rmsnorm", "bwd", BF16, 128, residual=True, heads=32, views=views) > 0
+    assert K.compile_only("layernorm", "bwd", FP32, 128, heads=8, views=(*views[:2], False)) > 0
+
+
+def test_wide_views_compile():
+    """Views of rows wide enough to be staged or to take a cluster (a row a CTA)."""
+    for op, direction, dtype, n in (("add_rmsnorm", "fwd", BF16, 16384), ("layernorm", "fwd", BF16, 65536),
+                                    ("rmsnorm", "bwd", BF16, 65536), ("layernorm", "bwd", FP32, 20000)):  # fmt: skip
+        assert K.compile_only(op, direction, dtype, n, heads=4) > 0
+    assert F8.compile_only("add_rmsnorm_fp8", BF16, 16384, GROUP_BLOCK, heads=4) > 0
+
+
+@pytest.mark.parametrize("heads", PERHEAD_H)
+@pytest.mark.parametrize("dtype", [BF16, FP32])
+@pytest.mark.parametrize("op", ["rmsnorm_fp8", "add_rmsnorm_fp8"])
+def test_fp8_views_compile(op, dtype, heads):
+    """The FP8 ops read the views in place too: per token at N = 128 (a 1 x 128 block is the row),
+    per block at N = 256, and the edge set's 2 heads of 1003 (per token)."""
+    assert F8.compile_only(op, dtype, 128, 128, heads=heads) > 0
+    assert F8.compile_only(op, dtype, 256, GROUP_BLOCK, heads=heads) > 0
+    if heads == PERHEAD_H[0]:
+        assert F8.compile_only(op, dtype, 1003, 1003, vec=1, heads=2) > 0
+
+
+def test_view_keys_carry_the_heads():
+    rows = K.kernel_key("rmsnorm", "fwd", BF16, 128, 8, BF16)
+    view = K.kernel_key("rmsnorm", "fwd", BF16, 128, 8, BF16, None, False, False, 8, (True, False))
+    assert rows != view and rows[-1] == view[-1] and view[8:10] == (8, (True, False))
+    assert K.kernel_key("rmsnorm", "fwd", BF16, 128, 8, BF16, None, False, False, 0, (True, False)) == rows
+
+
+# views that take each way in: R divides H, H divides R (a last tile past T, and whole tiles),
+# fewer rows a CTA (24 heads; 28 heads in the backward, copied in the 16-bit forward), several rows
+# a CTA at N = 1000, a copy (3 heads), and per-block FP8 scales (N = 256)
+GPU_VIEWS = [Shape((3, 64, 128), "head-slice-80"), Shape((5, 8, 128), "head-slice-12"),
+             Shape((8, 8, 128), "head-slice-10"), Shape((3, 24, 128), "head-slice-40"),
+             Shape((3, 28, 128), "head-slice-36"), Shape((3, 4, 1000), "head-slice-6"),
+             Shape((6, 3, 96), "head-slice-7"), Shape((4, 4, 256), "head-slice-6")]  # fmt: skip
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["bf16", "fp32"])
+def test_views_against_the_reference(dtype):
+    """Every op over per-head views, through the harness (which hands the views over as they are):
+    forward and backward against fp64, the FP8 ops against the exact checker."""
+    from harness.registry import get
+    from harness.spec.ops import OPS, get_op
+
+    failures = []
+    for op in get("cute").ops:
+        for shape in GPU_VIEWS:
+            if get_op(op).unsupported(shape.n):
+                continue
+            for direction in OPS[op].directions:
+                r = run_check(get("cute"), op, direction, shape, dtype, "cuda")
+                if not r.passed:
+                    failures.append(f"{op} {direction} {shape.label}: {r.status} {r.summary()}")
+    assert not failures, "\n".join(failures)
+
+
 # ---------------------------------------------------------------------------- on the GPU
 def _cases(dtypes=(BF16, FP16, FP32)):
     shapes = [s for name in ("smoke", "edge") for s in SHAPE_SETS[name] if s.m > 0]
@@ -532,7 +775,7 @@ def test_fp8_shared_memory_model_matches_the_compiler(case):
     """Its reduction buffer has a slot, and in a cluster an mbarrier, per exchange."""
     key = _fp8_key(*case)
     F8.compile_kernel(key)
-    op, dtype, n, _, _, per_row, launch = key
+    op, dtype, n, _, _, per_row, _, _, launch = key
     smem = F8.shared_memory_bytes(launch, dtype.itemsize, op == "add_rmsnorm_fp8", per_row)
     assert _compiled_smem(key, F8._COMPILED) == smem <= P.SMEM_LIMIT
 

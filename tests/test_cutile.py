@@ -109,6 +109,7 @@ COMPILES += [(262144, "fp16", "fp16")]
 @pytest.mark.parametrize("n,dtype,param_dtype", COMPILES, ids=[f"{n}-{d}-{p}weight" for n, d, p in COMPILES])
 def test_every_kernel_compiles_for_sm90(cutile_kernels, n, dtype, param_dtype):
     """Each op and direction compiles to an sm_90 cubin through the host code the GPU runs."""
+    from impls.cutile import configs
     from impls.cutile.plan import plan
 
     k = cutile_kernels
@@ -121,7 +122,7 @@ def test_every_kernel_compiles_for_sm90(cutile_kernels, n, dtype, param_dtype):
         if direction == "fwd":
             assert names == ["_fwd_kernel"], (op, names)
         else:
-            wide = plan("bwd", x.shape[0], n).wide
+            wide = plan("bwd", x.shape[0], n, configs.choose(op, "bwd", n, x.device)).wide
             assert names == (["_bwd_row_sums_kernel"] if wide else []) + ["_bwd_kernel", "_sum_partials_kernel"], names
         for name, cubin in compiled:
             # an ELF whose e_flags name the SM: 90 in bits 8-15 (sm_90)
@@ -338,3 +339,54 @@ def test_fp8_overflowing_statistics_give_nan(contract, grouping, n):
     q = q.float()
     assert torch.isnan(rstd[1]) and torch.isnan(q[1]).all() and torch.isnan(scale[1]).all()
     assert torch.isfinite(q[[0, 2]]).all() and torch.isfinite(scale[[0, 2]]).all()
+
+
+# ---------------------------------------------------------------------------- the tuned table
+def test_table_lookup_takes_the_bucket_or_the_nearest_and_the_heuristic_without_a_gpu():
+    from impls.cutile import configs
+    from impls.cutile.plan import Tuning
+
+    table = configs._table()
+    gpu = configs.gpus()[0]
+    entries = table[gpu]["rmsnorm_fwd"]
+    assert configs._nearest(entries, 5120) == entries["8192"]  # next_pow2(5120)
+    assert configs._nearest(entries, 262144) == entries[str(max(map(int, entries)))]  # past the widest
+    assert configs._nearest(entries, 64) == entries[str(min(map(int, entries)))]  # below the narrowest
+    cpu = torch.device("cpu")
+    assert configs.choose("rmsnorm", "bwd", 4096, cpu) == Tuning(**table["_heuristic"]["bwd"])
+    assert configs.source("rmsnorm", "fwd", 4096, "bf16", cpu).startswith("heuristic")
+    for gpu in configs.gpus():  # every entry names fields of Tuning only, for both directions of each op
+        assert {f"{op}_{d}" for op in ("rmsnorm", "layernorm", "add_rmsnorm") for d in ("fwd", "bwd")} <= set(table[gpu])
+        for name, buckets in table[gpu].items():
+            for rule in buckets.values():
+                Tuning(**rule)
+
+
+def _table_cases():
+    import json
+    from pathlib import Path
+
+    table = json.loads((Path(__file__).resolve().parents[1] / "impls/cutile/configs.json").read_text())
+    return [(gpu, name, int(b)) for gpu in table if not gpu.startswith("_") for name, bs in table[gpu].items() for b in bs]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("gpu,name,bucket", _table_cases(), ids=lambda v: str(v).replace(" ", "_"))
+def test_every_table_entry_compiles_for_sm90(cutile_kernels, gpu, name, bucket):
+    """Each pinned entry compiles at its bucket's width (65536 also at 262144, which takes it),
+    through the host code the GPU runs, with the entry set as the tuning."""
+    from impls.cutile import configs
+    from impls.cutile import plan as P
+
+    op, direction = name.rsplit("_", 1)
+    k = cutile_kernels
+    for n in (bucket, 262144) if bucket == 65536 else (bucket,):
+        shape = Shape((max(64, 2**18 // n), n))
+        x, dy, w, b, s = inputs(shape, torch.bfloat16, torch.bfloat16)
+        old = P.set_tuning(**configs._table()[gpu][name][str(bucket)])
+        try:
+            with k.compile_only() as compiled:
+                CALLS[(op, direction)](k, x, dy, w, b, s)
+        finally:
+            P.TUNING = old
+        assert compiled and all(c[:4] == b"\x7fELF" for _, c in compiled), (name, n)

@@ -18,6 +18,8 @@ IMPLEMENTATIONS = [
         # the FP8 ops (norm + quantization to float8_e4m3fn, forward only) in a file of their own
         extra_entries=("impls.cute.fp8",),
         devices=("cuda",),
+        # per-head (T, H, N) views of a fused QKV tensor are read in place (kernels.py: "Per-head views")
+        row_views=True,
         requires=(cuda(), capability(9, 0), package("cutlass"), package("tvm_ffi")),
         sources=("impls/cute/kernels.py", "impls/cute/plan.py", "impls/cute/fp8.py"),
     )

@@ -58,8 +58,11 @@ a (1, vec) tile copied with a vec-byte atom compiles into vec overlapping per-el
 Nothing here runs without a GPU, and the DSL has no interpreter: the tests compile the variants
 for sm_90a and read the PTX (the conversion, the clamp, div.rn, the store widths).
 
-Compilation: one kernel per (op, dtype, N, vec, weight dtype, grouping, launch) key, M symbolic, as
-the norms are (``COMPILE_SECONDS``); called through TVM-FFI.
+Per-head (T, H, N) views of x and the residual are read in place, as the norm's forward reads them
+(``kernels.py``, "Per-head views"); q, the scales, residual_out and rstd are written as rows.
+
+Compilation: one kernel per (op, dtype, N, vec, weight dtype, grouping, per-head views, launch) key,
+M symbolic, as the norms are (``COMPILE_SECONDS``); called through TVM-FFI.
 """
 
 from __future__ import annotations
@@ -86,11 +89,14 @@ from .kernels import (
     _copy_atom,
     _dtype,
     _fake,
+    _fake_rows,
     _num_sms,
+    _planned,
     _reduction_buffer_layout,
     _tiled_copy,
     add_residual,
     add_residual_staged,
+    as_rows,
     column_predicate,
     load_weight,
     publish_warp_values,
@@ -205,8 +211,9 @@ class Fp8Forward:
         stream: cuda.CUstream,
     ):
         L = self.launch
+        mX, mR = as_rows(mX), as_rows(mR)
         self.kernel(mX, mR, mW, mQ, mS, mH, mRstd, eps, _tiled_copy(self.dtype, L), _tiled_copy(Uint8, L)).launch(
-            grid=[cute.ceil_div(mX.shape[0], L.rows_per_cta), L.cluster_n, 1],
+            grid=[cute.ceil_div(cute.size(mX, mode=[0]), L.rows_per_cta), L.cluster_n, 1],
             block=[L.num_threads, 1, 1],
             cluster=[1, L.cluster_n, 1] if const_expr(L.cluster_n > 1) else None,
             min_blocks_per_mp=_STAGED_CTAS_PER_SM[self.op] if const_expr(L.stage_x and L.num_threads == 256) else 0,
@@ -243,11 +250,11 @@ class Fp8Forward:
             cute.arch.mbarrier_init_fence()
             cute.arch.cluster_arrive_relaxed()
 
-        M = mX.shape[0]
+        M = cute.size(mX, mode=[0])
         thr = tiled.get_slice(tidx)
         tXgX = thr.partition_S(cute.local_tile(mX, tiler, (bidx, rank)))
         tXgQ = tiled_q.get_slice(tidx).partition_D(cute.local_tile(mQ, tiler, (bidx, rank)))
-        tXcX = thr.partition_S(cute.local_tile(cute.make_identity_tensor(mX.shape), tiler, (bidx, rank)))
+        tXcX = thr.partition_S(cute.local_tile(cute.make_identity_tensor((M, n)), tiler, (bidx, rank)))
         tXgR, tXgH = None, None
         if const_expr(self.residual):
             tXgR = thr.partition_S(cute.local_tile(mR, tiler, (bidx, rank)))
@@ -427,16 +434,18 @@ def shared_memory_bytes(launch: Launch, elem_bytes: int, residual: bool, per_row
 
 @lru_cache(maxsize=None)
 def kernel_key(op: str, dtype: torch.dtype, n: int, vec: int, wdtype: torch.dtype | None, per_row: bool,
-               few_rows: bool = False) -> tuple:  # fmt: skip
+               few_rows: bool = False, heads: int = 0, views: tuple[bool, ...] = (),
+               rows: int = 0) -> tuple:  # fmt: skip
     """The compile cache's key (``op``: rmsnorm_fp8 or add_rmsnorm_fp8). The launch is the norm
     forward's (add_rmsnorm's for the fused add), checked here with this kernel's shared memory
-    (ValueError) before anything is compiled or launched."""
+    (ValueError) before anything is compiled or launched. ``heads``, ``views`` (x, residual) and
+    ``rows``: per-head views, as the norm's kernel_key takes them."""
     residual = op == "add_rmsnorm_fp8"
     norm = "add_rmsnorm" if residual else "rmsnorm"
-    launch, _ = planned_launch(n, dtype.itemsize, vec, "fwd", norm, few_rows, residual)
+    launch, _ = planned_launch(n, dtype.itemsize, vec, "fwd", norm, few_rows, residual, rows)
     what = f"{op} at N = {n} with {dtype.itemsize}-byte elements"
     check_launch(launch, n, shared_memory_bytes(launch, dtype.itemsize, residual, per_row), what)
-    return (op, dtype, n, vec, wdtype, per_row, launch)
+    return (op, dtype, n, vec, wdtype, per_row, heads, views if heads else (), launch)
 
 
 def compile_kernel(key: tuple, keep_ptx: bool = False):
@@ -446,12 +455,12 @@ def compile_kernel(key: tuple, keep_ptx: bool = False):
     if cached is not None and (not keep_ptx or cached[0].__ptx__):
         return cached
     t0 = time.perf_counter()
-    op, dtype, n, vec, wdtype, per_row, launch = key
+    op, dtype, n, vec, wdtype, per_row, heads, views, launch = key
     residual = op == "add_rmsnorm_fp8"
     cdt = _TORCH2CUTE[dtype]
-    m = cute.sym_int()
-    x = _fake(cdt, (m, n), vec)
-    res = _fake(cdt, (m, n), vec) if residual else None
+    m, tokens = cute.sym_int(), cute.sym_int()
+    x = _fake_rows(cdt, m, n, vec, heads if heads and views[0] else 0, tokens)
+    res = _fake_rows(cdt, m, n, vec, heads if heads and views[1] else 0, tokens) if residual else None
     h = _fake(cdt, (m, n), vec) if residual else None
     w = _fake(_TORCH2CUTE[wdtype], (n,), vec) if wdtype is not None else None
     q = _fake(Uint8, (m, n), vec)
@@ -471,17 +480,20 @@ def compile_kernel(key: tuple, keep_ptx: bool = False):
     return _COMPILED[key]
 
 
-def _key_of(op, dtype, n, group, vec, wdtype, few_rows):
+def _key_of(op, dtype, n, group, vec, wdtype, few_rows, heads=0, rows=0):
     vec = vec or math.gcd(n, 16 // dtype.itemsize)
     wdtype = dtype if wdtype == "x" else wdtype
-    return kernel_key(op, dtype, n, vec, wdtype, group == n, few_rows)
+    views = (True, op == "add_rmsnorm_fp8") if heads else ()
+    return kernel_key(op, dtype, n, vec, wdtype, group == n, few_rows, heads, views, rows)
 
 
 def compile_only(op: str, dtype: torch.dtype, n: int, group: int, vec: int | None = None,
-                 wdtype: torch.dtype | None | str = "x", few_rows: bool = False) -> float:  # fmt: skip
+                 wdtype: torch.dtype | None | str = "x", few_rows: bool = False, heads: int = 0,
+                 rows: int = 0) -> float:  # fmt: skip
     """Compile one variant without a GPU (set CUTE_DSL_ARCH=sm_90a); returns compile seconds.
-    ``group``: N or 128; ``wdtype``: the weight's dtype, "x" for x's own, None for no weight."""
-    key = _key_of(op, dtype, n, group, vec, wdtype, few_rows)
+    ``group``: N or 128; ``wdtype``: the weight's dtype, "x" for x's own, None for no weight;
+    ``heads``: x (and the residual) as (T, H, N) per-head views; ``rows``: a cap on rows per CTA."""
+    key = _key_of(op, dtype, n, group, vec, wdtype, few_rows, heads, rows)
     compile_kernel(key)
     return COMPILE_SECONDS[key]
 
@@ -499,18 +511,24 @@ def _fresh(t):
 
 
 def _launch(x, residual, weight, eps, group):
-    m, n = x.shape
+    n = x.shape[-1]
+    m = x.numel() // n
     _check_call(m)
     per_row = group == n
     op = "add_rmsnorm_fp8" if residual is not None else "rmsnorm_fp8"
     few_rows = m <= _num_sms(x.device.index or 0)
-    vec = vector_width(n, x.dtype, *(t for t in (x, residual, weight) if t is not None))
-    key = kernel_key(op, x.dtype, n, vec, _dtype(weight), per_row, few_rows)
+    dtype, wdtype = x.dtype, _dtype(weight)
+
+    def key_of(rows, heads, views, cap):
+        vec = vector_width(n, dtype, *(t for t in (*rows, weight) if t is not None))
+        return kernel_key(op, dtype, n, vec, wdtype, per_row, few_rows, heads, views, cap)
+
+    # (M, N) rows, or (T, H, N) per-head views read in place as the norm's forward reads them
+    key, (x, residual) = _planned(key_of, (x, residual), n)
     if not per_row and not blocks_fit(key[-1]):
         # vectors under 4 elements (a misaligned view): a block would span more than a warp
         x, residual, weight = _fresh(x), _fresh(residual), _fresh(weight)
-        vec = vector_width(n, x.dtype, *(t for t in (x, residual, weight) if t is not None))
-        key = kernel_key(op, x.dtype, n, vec, _dtype(weight), per_row, few_rows)
+        key, (x, residual) = _planned(key_of, (x, residual), n)
     q = torch.empty((m, n), dtype=FP8_DTYPE, device=x.device)
     scale = torch.empty((m, n // group), dtype=torch.float32, device=x.device)
     rstd = torch.empty(m, dtype=torch.float32, device=x.device)

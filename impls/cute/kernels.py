@@ -44,6 +44,17 @@ CTA of a thread-block cluster, so that every row is read from DRAM exactly once 
 allow. Every launch shape, with its exact shared memory, is checked against Hopper's limits before
 anything is compiled, so a shape the driver would reject is a ValueError, not a failed launch.
 
+Per-head views (the contract's ``row_views``): q and k cut from a fused QKV projection are
+(T, H, N) views with no (M, N) view of their rows. The kernels read them in place as rows whose
+row mode is (H, T):(head stride, token stride) (``as_rows``): CuTe's colexicographic index
+h + H * t is the contract's row t * H + h, so tiles, partitions and the row coordinates that index
+the flat statistics are those of (M, N) rows, and the layout algebra does the addressing with no
+division per row. H is static (in the compile key), T and the strides symbolic. CuTe divides that
+mode into tiles of R rows where R divides H or H divides R (any T: the outermost mode extends, so
+a last tile past T is one past M, predicated off as ever); elsewhere a CTA takes gcd(H, R) rows
+while that is still a warp, and past that the view is copied (``view_rows``). A 3-D tensor with
+an (M, N) view (dy, contiguous) goes as (M, N) rows; the outputs are (M, N).
+
 Forward: one-shot, one row tile per CTA. Short rows are loaded straight into registers. From 32 KB
 (RMSNorm) / 10 KB (LayerNorm) of row per CTA, x is staged in shared memory instead (cp.async) and
 re-read from there for each pass, 8 vectors per thread: a register-resident 32 KB chunk cost
@@ -74,12 +85,12 @@ that wait. The accumulators are written once per CTA row-slot to an fp32 partial
 once: no atomics, bit-identical run to run. torch's ``sum(0)`` and cast there had cost a large
 share of the backward's time.
 
-Compilation: one kernel per (op, direction, dtype, N, vec, weight / bias dtypes, residual, launch)
-key, compiled on first use with M (the row count) symbolic, so a new M never recompiles (SlotSum
-shapes its CTA by the slot count, 8 to 64 threads per column, so a backward's width may compile it
-up to four times); ``COMPILE_SECONDS`` records the compile time per key. Calls go through TVM-FFI
-(torch tensors passed straight in, the current stream taken from the environment) to keep the
-launch overhead small for decode shapes.
+Compilation: one kernel per (op, direction, dtype, N, vec, weight / bias dtypes, residual, the
+per-head views' H and which tensors are views, launch) key, compiled on first use with M (the row
+count, or T) symbolic, so a new M never recompiles (SlotSum shapes its CTA by the slot count, 8 to
+64 threads per column, so a backward's width may compile it up to four times); ``COMPILE_SECONDS``
+records the compile time per key. Calls go through TVM-FFI (torch tensors passed straight in, the
+current stream taken from the environment) to keep the launch overhead small for decode shapes.
 
 Measurements behind these choices, and the known limits: docs/kernels/cute.md.
 """
@@ -113,6 +124,7 @@ from .plan import (
     shared_memory_bytes,
     slot_threads,
     vector_width,
+    view_rows,
 )
 
 _TORCH2CUTE = {torch.bfloat16: cutlass.BFloat16, torch.float16: cutlass.Float16, torch.float32: cutlass.Float32}
@@ -288,6 +300,17 @@ def _broadcast_rows(mV: cute.Tensor, rows: int) -> cute.Tensor:
     return cute.make_tensor(mV.iterator, cute.make_layout((rows, mV.shape[0]), stride=(0, 1)))
 
 
+def as_rows(mT: cute.Tensor) -> cute.Tensor:
+    """A row tensor as (M, N) rows: (M, N) as it is; a (T, H, N) per-head view as the same memory
+    with the row mode (H, T):(stride H, stride T), whose colexicographic index h + H * t is the
+    contract's row t * H + h. Tiles, partitions and row coordinates then work as on (M, N)."""
+    if const_expr(mT is None or cute.rank(mT) == 2):
+        return mT
+    T, H, N = mT.shape
+    sT, sH, sN = mT.stride
+    return cute.make_tensor(mT.iterator, cute.make_layout(((H, T), N), stride=((sH, sT), sN)))
+
+
 # ============================================================================ forward
 class NormForward:
     """``residual``: add_rmsnorm, h = x + residual rounded to x's dtype, stored as residual_out and
@@ -313,8 +336,9 @@ class NormForward:
     ):
         L = self.launch
         tiled = _tiled_copy(self.dtype, L)
+        mX, mR = as_rows(mX), as_rows(mR)
         self.kernel(mX, mR, mW, mB, mY, mH, mRstd, mMean, eps, tiled).launch(
-            grid=[cute.ceil_div(mX.shape[0], L.rows_per_cta), L.cluster_n, 1],
+            grid=[cute.ceil_div(cute.size(mX, mode=[0]), L.rows_per_cta), L.cluster_n, 1],
             block=[L.num_threads, 1, 1],
             cluster=[1, L.cluster_n, 1] if const_expr(L.cluster_n > 1) else None,
             min_blocks_per_mp=(
@@ -351,11 +375,11 @@ class NormForward:
             cute.arch.mbarrier_init_fence()
             cute.arch.cluster_arrive_relaxed()  # peers may push into us once the barrier exists
 
-        M = mX.shape[0]
+        M = cute.size(mX, mode=[0])
         thr = tiled.get_slice(tidx)
         tXgX = thr.partition_S(cute.local_tile(mX, tiler, (bidx, rank)))
         tXgY = thr.partition_D(cute.local_tile(mY, tiler, (bidx, rank)))
-        tXcX = thr.partition_S(cute.local_tile(cute.make_identity_tensor(mX.shape), tiler, (bidx, rank)))
+        tXcX = thr.partition_S(cute.local_tile(cute.make_identity_tensor((M, n)), tiler, (bidx, rank)))
         tXgR, tXgH = None, None
         if const_expr(self.residual):
             tXgR = thr.partition_S(cute.local_tile(mR, tiler, (bidx, rank)))
@@ -670,6 +694,7 @@ class NormBackward:
         stream: cuda.CUstream,
     ):
         L = self.launch
+        mDY, mX, mDR = as_rows(mDY), as_rows(mX), as_rows(mDR)
         self.kernel(mDY, mX, mW, mRstd, mMean, mDR, mDX, mDWp, mDBp,
                     _tiled_copy(self.dtype, L, async_copy=True), _tiled_copy(self.dtype, L)).launch(
             grid=[groups, L.cluster_n, 1],
@@ -715,14 +740,14 @@ class NormBackward:
             cute.arch.mbarrier_init_fence()
             cute.arch.cluster_arrive_relaxed()
 
-        M = mX.shape[0]
+        M = cute.size(mX, mode=[0])
         num_tiles = cute.ceil_div(M, L.rows_per_cta)
         ld = tiled_load.get_slice(tidx)
         st = tiled_store.get_slice(tidx)
         tXgX = ld.partition_S(cute.local_tile(mX, tiler, (None, rank)))  # (..., tile)
         tXgDY = ld.partition_S(cute.local_tile(mDY, tiler, (None, rank)))
         tXgDX = st.partition_D(cute.local_tile(mDX, tiler, (None, rank)))
-        tXcX = ld.partition_S(cute.local_tile(cute.make_identity_tensor(mX.shape), tiler, (None, rank)))
+        tXcX = ld.partition_S(cute.local_tile(cute.make_identity_tensor((M, n)), tiler, (None, rank)))
         tXsX = ld.partition_D(sX)  # (..., stage)
         tXsDY = ld.partition_D(sDY)
         gRing, sRing = (tXgX, tXgDY), (tXsX, tXsDY)
@@ -913,18 +938,32 @@ def _fake(dtype, shape, vec: int):
     return cute.runtime.make_fake_tensor(dtype, shape, stride=stride, assumed_align=vec * dtype.width // 8)
 
 
+def _fake_rows(dtype, m, n: int, vec: int, heads: int = 0, tokens=None):
+    """A symbolic row tensor: (M, N) rows, or with ``heads`` a (T, H, N) per-head view, H static
+    (the tile's fit to the heads is decided when compiling), T and both strides symbolic, the
+    strides multiples of vec."""
+    if not heads:
+        return _fake(dtype, (m, n), vec)
+    stride = (cute.sym_int64(divisibility=vec), cute.sym_int64(divisibility=vec), 1)
+    return cute.runtime.make_fake_tensor(dtype, (tokens, heads, n), stride=stride, assumed_align=vec * dtype.width // 8)
+
+
 @lru_cache(maxsize=None)
 def kernel_key(op: str, direction: str, dtype: torch.dtype, n: int, vec: int, wdtype: torch.dtype | None,
-               bdtype: torch.dtype | None = None, residual: bool = False, few_rows: bool = False) -> tuple:  # fmt: skip
+               bdtype: torch.dtype | None = None, residual: bool = False, few_rows: bool = False, heads: int = 0,
+               views: tuple[bool, ...] = (), rows: int = 0) -> tuple:  # fmt: skip
     """The compile cache's key. ``wdtype`` / ``bdtype``: the weight's / bias's dtype (None: absent).
     ``residual``: add_rmsnorm's dresidual_out is given (backward; the forward always has its
-    residual). The launch shape stands for ``few_rows``, so that a few-rows call whose launch is the
-    usual one shares its kernel. The launch is checked here (ValueError), before any compile or
-    launch. Cached: the contract calls it on every call."""
+    residual). ``heads``: H of the (T, H, N) per-head views among the row tensors (0: none), and
+    ``views`` which row tensors are such views, in the kernel's order (forward: x, residual;
+    backward: dy, x, dresidual_out); ``rows``: a cap on rows per CTA (``view_rows``). The launch
+    shape stands for ``few_rows`` and ``rows``, so that a call whose launch is the usual one shares
+    its kernel. The launch is checked here (ValueError), before any compile or launch. Cached: the
+    contract calls it on every call."""
     if op == "add_rmsnorm":  # the forward always reads a residual; the backward is RMSNorm's (+ dresidual_out)
         op, residual = ("add_rmsnorm", True) if direction == "fwd" else ("rmsnorm", residual)
-    launch, _ = planned_launch(n, dtype.itemsize, vec, direction, op, few_rows, residual)
-    return (op, direction, dtype, n, vec, wdtype, bdtype, residual, launch)
+    launch, _ = planned_launch(n, dtype.itemsize, vec, direction, op, few_rows, residual, rows)
+    return (op, direction, dtype, n, vec, wdtype, bdtype, residual, heads, views if heads else (), launch)
 
 
 def compile_kernel(key: tuple):
@@ -933,31 +972,35 @@ def compile_kernel(key: tuple):
     if key in _COMPILED:
         return _COMPILED[key]
     t0 = time.perf_counter()
-    op, direction, dtype, n, vec, wdtype, bdtype, residual, launch = key
+    op, direction, dtype, n, vec, wdtype, bdtype, residual, heads, views, launch = key
     cdt = _TORCH2CUTE[dtype]
     layer = op == "layernorm"
-    m = cute.sym_int()
-    x = _fake(cdt, (m, n), vec)
+    m, tokens = cute.sym_int(), cute.sym_int()
+
+    def rows(i: int):  # the i-th row tensor the kernel reads (views' order)
+        return _fake_rows(cdt, m, n, vec, heads if heads and views[i] else 0, tokens)
+
     w = _fake(_TORCH2CUTE[wdtype], (n,), vec) if wdtype is not None else None
     rstd = _fake(Float32, (m,), 1)
     mean = _fake(Float32, (m,), 1) if layer else None
-    res = _fake(cdt, (m, n), vec) if residual else None
     stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=_HAS_TVM_FFI)
     options = "--enable-tvm-ffi" if _HAS_TVM_FFI else ""
     if direction == "fwd":
         b = _fake(_TORCH2CUTE[bdtype], (n,), vec) if bdtype is not None else None
+        res = rows(1) if residual else None
         h = _fake(cdt, (m, n), vec) if residual else None
         kernel = NormForward(cdt, n, launch, layer, residual)
-        fn = cute.compile(kernel, x, res, w, b, _fake(cdt, (m, n), vec), h, rstd, mean, Float32(0.0), stream,
+        fn = cute.compile(kernel, rows(0), res, w, b, _fake(cdt, (m, n), vec), h, rstd, mean, Float32(0.0), stream,
                           options=options)
     else:
         slots = cute.sym_int()
         pdiv = math.gcd(n, 4)
         dwp = _fake(Float32, (slots, n), pdiv) if wdtype is not None else None
         dbp = _fake(Float32, (slots, n), pdiv) if layer else None
+        dres = rows(2) if residual else None
         kernel = NormBackward(cdt, n, launch, layer, residual)
         with tempfile.TemporaryDirectory() as dump:  # keep the cubin: max_resident() asks the driver about it
-            fn = cute.compile(kernel, _fake(cdt, (m, n), vec), x, w, rstd, mean, res, _fake(cdt, (m, n), vec),
+            fn = cute.compile(kernel, rows(0), rows(1), w, rstd, mean, dres, _fake(cdt, (m, n), vec),
                               dwp, dbp, Int32(1), stream, options=f"{options} --keep-cubin --dump-dir={dump}")
     COMPILE_SECONDS[key] = time.perf_counter() - t0
     _COMPILED[key] = (fn, kernel)
@@ -981,15 +1024,19 @@ def compile_slot_sum(n: int, pdtype: torch.dtype, with_bias: bool, threads_per_c
 
 
 def compile_only(op: str, direction: str, dtype: torch.dtype, n: int, vec: int | None = None,
-                 wdtype: torch.dtype | None | str = "x", residual: bool = False,
-                 few_rows: bool = False) -> float:  # fmt: skip
+                 wdtype: torch.dtype | None | str = "x", residual: bool = False, few_rows: bool = False,
+                 heads: int = 0, views: tuple[bool, ...] | None = None, rows: int = 0) -> float:  # fmt: skip
     """Compile one variant without a GPU (set CUTE_DSL_ARCH=sm_90a); returns compile seconds.
     ``wdtype``: the weight's dtype, "x" for x's own, None for no affine (the LayerNorm forward's
-    bias takes the weight's)."""
+    bias takes the weight's). ``heads``: row tensors as (T, H, N) per-head views, by default those
+    a per-head call passes as such (x and the residual; in the backward x, dy coming contiguous);
+    ``rows``: a cap on rows per CTA (``view_rows``)."""
     vec = vec or math.gcd(n, 16 // dtype.itemsize)
     wdtype = dtype if wdtype == "x" else wdtype
     bdtype = wdtype if op == "layernorm" and direction == "fwd" else None
-    key = kernel_key(op, direction, dtype, n, vec, wdtype, bdtype, residual, few_rows)
+    if views is None:
+        views = (True, op == "add_rmsnorm") if direction == "fwd" else (False, True, False)
+    key = kernel_key(op, direction, dtype, n, vec, wdtype, bdtype, residual, few_rows, heads, views, rows)
     compile_kernel(key)
     return COMPILE_SECONDS[key]
 
@@ -1011,27 +1058,69 @@ def _dtype(t):
     return None if t is None else t.dtype
 
 
+def _flat(t, n: int):
+    """(M, N) rows where a view of them exists (a (T, H, N) tensor with T or H of 1, or whose token
+    stride is H head strides), else the tensor as it is."""
+    if t is None or t.dim() == 2 or not (t.shape[0] == 1 or t.shape[1] == 1 or t.stride(0) == t.shape[1] * t.stride(1)):
+        return t
+    return t.view(-1, n)
+
+
+def _planned(key_of, rows: tuple, n: int) -> tuple:
+    """(compile key, row tensors as launched) of a call's row tensors (None where absent): (M, N)
+    rows as they are, (T, H, N) per-head views in place with the rows per CTA ``view_rows`` gives,
+    copied to (M, N) rows where it gives none. ``key_of(rows, heads, views, cap)`` is the call's
+    kernel_key."""
+    rows = tuple(_flat(t, n) for t in rows)
+    views = tuple(t is not None and t.dim() == 3 for t in rows)
+    if not any(views):
+        return key_of(rows, 0, (), 0), rows
+    heads = next(t.shape[1] for t in rows if t is not None and t.dim() == 3)
+    key = key_of(rows, heads, views, 0)
+    cap = view_rows(key[-1], heads)
+    if cap == key[-1].rows_per_cta:
+        return key, rows
+    if cap:
+        return key_of(rows, heads, views, cap), rows
+    rows = tuple(t if t is None or t.dim() == 2 else t.reshape(-1, n) for t in rows)
+    return key_of(rows, 0, (), 0), rows
+
+
 def _forward(op, x, residual, weight, bias, eps):
-    m, n = x.shape
+    n = x.shape[-1]
+    m = x.numel() // n
     _check_call(m)
     y = x.new_empty((m, n))
     h = x.new_empty((m, n)) if residual is not None else None
     rstd = x.new_empty(m, dtype=torch.float32)
     mean = x.new_empty(m, dtype=torch.float32) if op == "layernorm" else None
-    vec = vector_width(n, x.dtype, *(t for t in (x, residual, y, h, weight, bias) if t is not None))
+    others = tuple(t for t in (y, h, weight, bias) if t is not None)
     few_rows = m <= _num_sms(x.device.index or 0)
-    key = kernel_key(op, "fwd", x.dtype, n, vec, _dtype(weight), _dtype(bias), residual is not None, few_rows)
+    dtype, wdtype, bdtype, fused = x.dtype, _dtype(weight), _dtype(bias), residual is not None
+
+    def key_of(rows, heads, views, cap):
+        vec = vector_width(n, dtype, *(t for t in rows if t is not None), *others)
+        return kernel_key(op, "fwd", dtype, n, vec, wdtype, bdtype, fused, few_rows, heads, views, cap)
+
+    key, (x, residual) = _planned(key_of, (x, residual), n)
     fn, _ = compile_kernel(key)
     fn(x, residual, weight, bias, y, h, rstd, mean, eps)
     return y, h, mean, rstd
 
 
 def _backward(op, dy, x, weight, rstd, mean, dresidual=None):
-    m, n = x.shape
+    n = x.shape[-1]
+    m = x.numel() // n
     _check_call(m)
     dx = x.new_empty((m, n))
-    vec = vector_width(n, x.dtype, *(t for t in (dy, x, dresidual, dx, weight) if t is not None))
-    key = kernel_key(op, "bwd", x.dtype, n, vec, _dtype(weight), None, dresidual is not None)
+    others = tuple(t for t in (dx, weight) if t is not None)
+    dtype, wdtype, fused = x.dtype, _dtype(weight), dresidual is not None
+
+    def key_of(rows, heads, views, cap):
+        vec = vector_width(n, dtype, *(t for t in rows if t is not None), *others)
+        return kernel_key(op, "bwd", dtype, n, vec, wdtype, None, fused, False, heads, views, cap)
+
+    key, (dy, x, dresidual) = _planned(key_of, (dy, x, dresidual), n)
     fn, kernel = compile_kernel(key)
     launch = kernel.launch
     if key not in _RESIDENT:

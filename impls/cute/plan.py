@@ -160,10 +160,12 @@ def _leaves_a_cta_empty(n_vecs: int, cluster_n: int, tpr: int, vpt: int) -> bool
 
 
 def launch_shape(n: int, elem_bytes: int, vec: int, direction: str = "fwd", op: str = "rmsnorm", few_rows: bool = False,
-                 residual: bool = False) -> Launch:  # fmt: skip
+                 residual: bool = False, rows: int = 0) -> Launch:  # fmt: skip
     """``residual``: the fused add's backward (RMSNorm's, with dresidual_out in the ring).
     ``few_rows``: no more rows than SMs. Staging a row held by one CTA only pays by fitting more
     CTAs per SM; with a CTA per SM at most it is a shared-memory round trip for nothing.
+    ``rows``: at most this many rows per CTA (0: no cap), for a per-head view whose heads the
+    usual tile does not divide (``view_rows``).
 
     Cluster peers should each get a non-empty slice of the row. A power-of-two thread count can
     leave the last CTA empty just past a power-of-two width (bf16 N = 131080: 16 CTAs of 3 x 512
@@ -205,7 +207,7 @@ def launch_shape(n: int, elem_bytes: int, vec: int, direction: str = "fwd", op: 
     # Failing that (no tile of at most max_tpr threads fits), the last CTA idles: every path predicates
     # the columns past N, and to the (count, mean, M2) merge a count of 0 is the identity.
     layer_fwd = op == "layernorm" and direction == "fwd"
-    num_threads = tpr * max(1, 128 // tpr)
+    num_threads = tpr * min(max(1, 128 // tpr), rows or MAX_THREADS)
     return Launch(vec, tpr, num_threads, cluster_n, vpt, stage, stage and layer_fwd, layer_fwd and cluster_n > 1)
 
 
@@ -303,9 +305,9 @@ def check_launch(launch: Launch, n: int, smem: int, what: str = "") -> None:
 
 @lru_cache(maxsize=None)
 def planned_launch(n: int, elem_bytes: int, vec: int, direction: str, op: str, few_rows: bool = False,
-                   residual: bool = False) -> tuple[Launch, int]:  # fmt: skip
+                   residual: bool = False, rows: int = 0) -> tuple[Launch, int]:  # fmt: skip
     """(launch shape, dynamic shared memory bytes), valid by construction: ValueError otherwise."""
-    launch = launch_shape(n, elem_bytes, vec, direction, op, few_rows, residual)
+    launch = launch_shape(n, elem_bytes, vec, direction, op, few_rows, residual, rows)
     smem = shared_memory_bytes(launch, elem_bytes, op, direction, residual)
     what = f"{op} {direction} at N = {n} with {elem_bytes}-byte elements" + (" and a residual row" if residual else "")
     check_launch(launch, n, smem, what)
@@ -313,16 +315,29 @@ def planned_launch(n: int, elem_bytes: int, vec: int, direction: str, op: str, f
 
 
 def vector_width(n: int, dtype: torch.dtype, *tensors: torch.Tensor) -> int:
-    """Widest vector of x's dtype (<= 128 bits) that N, every row stride and every base pointer
-    allow. Every tensor's pointer must be aligned to one vector of its own elements: an fp32 weight
-    beside 16-bit x is read 8 elements (32 bytes, two 128-bit loads) per vector of x."""
+    """Widest vector of x's dtype (<= 128 bits) that N, every leading stride (a row's; a per-head
+    view's token and head strides) and every base pointer allow. Every tensor's pointer must be
+    aligned to one vector of its own elements: an fp32 weight beside 16-bit x is read 8 elements
+    (32 bytes, two 128-bit loads) per vector of x."""
     vec = 16 // dtype.itemsize
-    for v in (n, *(t.stride(0) for t in tensors if t.dim() == 2 and t.shape[0] > 1)):
+    for v in (n, *(t.stride(d) for t in tensors for d in range(t.dim() - 1) if t.shape[d] > 1)):
         vec = math.gcd(vec, v)
     while vec > 1 and any(t.data_ptr() % (vec * t.element_size()) for t in tensors):
         vec //= 2
     return vec
 
+
+def view_rows(launch: Launch, heads: int) -> int:
+    """Rows per CTA with which a (T, H, N) per-head view is read in place (``kernels.py``, "Per-head
+    views"), or 0: the view is copied to (M, N) rows. A CTA's tile is R consecutive rows
+    r = t * H + h, which the view's layout divides into as one tile where R divides H (the tile
+    inside one token) or H divides R (whole tokens). Elsewhere the CTA takes gcd(H, R) rows, which
+    divides H, where that is still a warp of threads."""
+    r = launch.rows_per_cta
+    if heads % r == 0 or r % heads == 0:
+        return r
+    fewer = math.gcd(heads, r)
+    return fewer if fewer * launch.threads_per_row >= 32 else 0
 
 
 def slot_threads(slots: int) -> int:

@@ -74,7 +74,9 @@ import torch
 
 from harness.spec.contract import contract_functions
 
-from .plan import Plan, backward_groups, next_pow2, plan
+from . import configs
+from . import plan as _plan_module
+from .plan import Plan, backward_groups, forward_programs, next_pow2, plan
 
 ConstBool = ct.Constant[bool]
 ConstInt = ct.Constant[int]
@@ -82,15 +84,37 @@ ZERO = ct.PaddingMode.ZERO
 
 
 # ========================================================================== device functions
-def _load_row(X, R, H, block, chunk, ROWS, BLOCK_N, HAS_RESIDUAL):
+def _ld(A, index, shape, TMA, LATENCY):
+    """``ct.load`` zero-padded past the array, with the plan's memory hints: TMA or not, and a DRAM
+    latency hint (0: the compiler's own)."""
+    if LATENCY > 0:
+        t = ct.load(A, index=index, shape=shape, padding_mode=ZERO, allow_tma=TMA, latency=LATENCY)
+    else:
+        t = ct.load(A, index=index, shape=shape, padding_mode=ZERO, allow_tma=TMA)
+    return t
+
+
+def _st(A, index, tile, TMA, LATENCY):
+    if LATENCY > 0:
+        ct.store(A, index=index, tile=tile, allow_tma=TMA, latency=LATENCY)
+    else:
+        ct.store(A, index=index, tile=tile, allow_tma=TMA)
+
+
+def _load_row_hinted(X, R, H, block, chunk, ROWS, BLOCK_N, HAS_RESIDUAL, TMA_LOAD, TMA_STORE, LATENCY):
     """The [ROWS, BLOCK_N] tile to normalise, as fp32: x, or h = x + residual rounded to x's
     dtype and stored."""
-    x = ct.load(X, index=(block, chunk), shape=(ROWS, BLOCK_N), padding_mode=ZERO)
+    x = _ld(X, (block, chunk), (ROWS, BLOCK_N), TMA_LOAD, LATENCY)
     if HAS_RESIDUAL:
-        r = ct.load(R, index=(block, chunk), shape=(ROWS, BLOCK_N), padding_mode=ZERO)
+        r = _ld(R, (block, chunk), (ROWS, BLOCK_N), TMA_LOAD, LATENCY)
         x = ct.astype(ct.astype(x, ct.float32) + ct.astype(r, ct.float32), X.dtype)
-        ct.store(H, index=(block, chunk), tile=x)
+        _st(H, (block, chunk), x, TMA_STORE, LATENCY)
     return ct.astype(x, ct.float32)
+
+
+def _load_row(X, R, H, block, chunk, ROWS, BLOCK_N, HAS_RESIDUAL):
+    """``_load_row_hinted`` with the compiler's own choices (the FP8 kernels)."""
+    return _load_row_hinted(X, R, H, block, chunk, ROWS, BLOCK_N, HAS_RESIDUAL, True, True, 0)
 
 
 def _rstd(sum_sq, n, eps):
@@ -121,89 +145,107 @@ def _row_stat(S, block, ROWS):
 
 
 # ==================================================================================== forward
-@ct.kernel
 def _fwd_kernel(
     X, R, W, B, Y, H, MEAN, RSTD, eps,
     LAYERNORM: ConstBool, HAS_WEIGHT: ConstBool, HAS_BIAS: ConstBool, HAS_RESIDUAL: ConstBool,
-    ROWS: ConstInt, BLOCK_N: ConstInt, CHUNKED: ConstBool,
+    ROWS: ConstInt, BLOCK_N: ConstInt, CHUNKED: ConstBool, TMA_LOAD: ConstBool, TMA_STORE: ConstBool,
+    LATENCY: ConstInt,
 ):  # fmt: skip
-    """One block of ROWS rows per program: the whole row in one tile (BLOCK_N >= N), or, with
-    CHUNKED, walked twice in chunks of BLOCK_N columns."""
-    block = ct.bid(0)
+    """Row blocks of ROWS rows, program p taking blocks p, p + programs, ...: the whole row in one
+    tile (BLOCK_N >= N), or, with CHUNKED, walked twice in chunks of BLOCK_N columns. With as many
+    programs as blocks, each takes one. (A kernel through ``_kernel``, which adds the plan's
+    occupancy.)"""
     n = X.shape[1]
+    n_blocks = ct.cdiv(X.shape[0], ROWS)
     if not CHUNKED:
-        x = _load_row(X, R, H, block, 0, ROWS, BLOCK_N, HAS_RESIDUAL)
-        if LAYERNORM:
-            mean = ct.sum(x, axis=1, keepdims=True) / n
-            # centre in registers before squaring (two-pass variance): E[x^2] - E[x]^2 cancels badly
-            x = ct.where(_column_mask(0, BLOCK_N, n), x - mean, 0.0)
-            ct.store(MEAN, index=(block,), tile=ct.reshape(mean, (ROWS,)))
-        rstd = _rstd(ct.sum(x * x, axis=1, keepdims=True), n, eps)
-        ct.store(RSTD, index=(block,), tile=ct.reshape(rstd, (ROWS,)))
-        y = _affine(x * rstd, W, B, 0, BLOCK_N, HAS_WEIGHT, HAS_BIAS)
-        ct.store(Y, index=(block, 0), tile=ct.astype(y, Y.dtype))
+        # weight and bias loaded once per program, not once per row block
+        w = ct.full((BLOCK_N,), 1.0, dtype=ct.float32)
+        b = ct.full((BLOCK_N,), 0.0, dtype=ct.float32)
+        if HAS_WEIGHT:
+            w = _param(W, 0, BLOCK_N)
+        if HAS_BIAS:
+            b = _param(B, 0, BLOCK_N)
+        for block in range(ct.bid(0), n_blocks, ct.num_blocks(0)):
+            x = _load_row_hinted(X, R, H, block, 0, ROWS, BLOCK_N, HAS_RESIDUAL, TMA_LOAD, TMA_STORE, LATENCY)
+            if LAYERNORM:
+                mean = ct.sum(x, axis=1, keepdims=True) / n
+                # centre in registers before squaring (two-pass variance): E[x^2] - E[x]^2 cancels badly
+                x = ct.where(_column_mask(0, BLOCK_N, n), x - mean, 0.0)
+                ct.store(MEAN, index=(block,), tile=ct.reshape(mean, (ROWS,)))
+            rstd = _rstd(ct.sum(x * x, axis=1, keepdims=True), n, eps)
+            ct.store(RSTD, index=(block,), tile=ct.reshape(rstd, (ROWS,)))
+            y = x * rstd
+            if HAS_WEIGHT:
+                y = y * w
+            if HAS_BIAS:
+                y = y + b
+            _st(Y, (block, 0), ct.astype(y, Y.dtype), TMA_STORE, LATENCY)
     else:
-        n_chunks = ct.cdiv(n, BLOCK_N)
-        # pass 1: the statistics (and h, stored, for add + RMSNorm)
-        mean = ct.zeros((ROWS, 1), dtype=ct.float32)
-        m2 = ct.zeros((ROWS, 1), dtype=ct.float32)
-        sum_sq = ct.zeros((ROWS, BLOCK_N), dtype=ct.float32)
-        for c in range(n_chunks):
-            x = _load_row(X, R, H, block, c, ROWS, BLOCK_N, HAS_RESIDUAL)
+        for block in range(ct.bid(0), n_blocks, ct.num_blocks(0)):
+            n_chunks = ct.cdiv(n, BLOCK_N)
+            # pass 1: the statistics (and h, stored, for add + RMSNorm)
+            mean = ct.zeros((ROWS, 1), dtype=ct.float32)
+            m2 = ct.zeros((ROWS, 1), dtype=ct.float32)
+            sum_sq = ct.zeros((ROWS, BLOCK_N), dtype=ct.float32)
+            for c in range(n_chunks):
+                x = _load_row_hinted(X, R, H, block, c, ROWS, BLOCK_N, HAS_RESIDUAL, TMA_LOAD, TMA_STORE, LATENCY)
+                if LAYERNORM:
+                    seen = ct.astype(c * BLOCK_N, ct.float32)
+                    count = ct.astype(ct.minimum(n - c * BLOCK_N, BLOCK_N), ct.float32)
+                    chunk_mean = ct.sum(x, axis=1, keepdims=True) / count
+                    dev = ct.where(_column_mask(c, BLOCK_N, n), x - chunk_mean, 0.0)
+                    delta = chunk_mean - mean
+                    total = seen + count
+                    mean = mean + delta * (count / total)
+                    m2 = m2 + ct.sum(dev * dev, axis=1, keepdims=True) + delta * delta * (seen * count / total)
+                else:
+                    sum_sq = sum_sq + x * x
             if LAYERNORM:
-                seen = ct.astype(c * BLOCK_N, ct.float32)
-                count = ct.astype(ct.minimum(n - c * BLOCK_N, BLOCK_N), ct.float32)
-                chunk_mean = ct.sum(x, axis=1, keepdims=True) / count
-                dev = ct.where(_column_mask(c, BLOCK_N, n), x - chunk_mean, 0.0)
-                delta = chunk_mean - mean
-                total = seen + count
-                mean = mean + delta * (count / total)
-                m2 = m2 + ct.sum(dev * dev, axis=1, keepdims=True) + delta * delta * (seen * count / total)
+                rstd = _rstd(m2, n, eps)
+                ct.store(MEAN, index=(block,), tile=ct.reshape(mean, (ROWS,)))
             else:
-                sum_sq = sum_sq + x * x
-        if LAYERNORM:
-            rstd = _rstd(m2, n, eps)
-            ct.store(MEAN, index=(block,), tile=ct.reshape(mean, (ROWS,)))
-        else:
-            rstd = _rstd(ct.sum(sum_sq, axis=1, keepdims=True), n, eps)
-        ct.store(RSTD, index=(block,), tile=ct.reshape(rstd, (ROWS,)))
+                rstd = _rstd(ct.sum(sum_sq, axis=1, keepdims=True), n, eps)
+            ct.store(RSTD, index=(block,), tile=ct.reshape(rstd, (ROWS,)))
 
-        # pass 2, last chunk first (still in L2): y, from x (and h again from x and the residual)
-        for i in range(n_chunks):
-            c = n_chunks - 1 - i
-            x = _load_row(X, R, H, block, c, ROWS, BLOCK_N, False)
-            if HAS_RESIDUAL:
-                r = ct.load(R, index=(block, c), shape=(ROWS, BLOCK_N), padding_mode=ZERO)
-                x = ct.astype(ct.astype(x + ct.astype(r, ct.float32), X.dtype), ct.float32)
-            if LAYERNORM:
-                x = x - mean
-            y = _affine(x * rstd, W, B, c, BLOCK_N, HAS_WEIGHT, HAS_BIAS)
-            ct.store(Y, index=(block, c), tile=ct.astype(y, Y.dtype))
+            # pass 2, last chunk first (still in L2): y, from x (and h again from x and the residual)
+            for i in range(n_chunks):
+                c = n_chunks - 1 - i
+                x = ct.astype(_ld(X, (block, c), (ROWS, BLOCK_N), TMA_LOAD, LATENCY), ct.float32)
+                if HAS_RESIDUAL:
+                    r = _ld(R, (block, c), (ROWS, BLOCK_N), TMA_LOAD, LATENCY)
+                    x = ct.astype(ct.astype(x + ct.astype(r, ct.float32), X.dtype), ct.float32)
+                if LAYERNORM:
+                    x = x - mean
+                y = _affine(x * rstd, W, B, c, BLOCK_N, HAS_WEIGHT, HAS_BIAS)
+                _st(Y, (block, c), ct.astype(y, Y.dtype), TMA_STORE, LATENCY)
 
 
 # =================================================================================== backward
-def _bwd_terms(DY, X, W, MEAN, block, me, n, ROWS, BLOCK_N, LAYERNORM, HAS_WEIGHT):
+def _bwd_terms(DY, X, w, MEAN, block, me, n, ROWS, BLOCK_N, LAYERNORM, HAS_WEIGHT, TMA_LOAD, LATENCY):
     """(x - mean or x, dy, g = dy * w) in fp32 for the block's rows and slice ``me``; 0 past M
-    and past N."""
-    x = ct.astype(ct.load(X, index=(block, me), shape=(ROWS, BLOCK_N), padding_mode=ZERO), ct.float32)
-    dy = ct.astype(ct.load(DY, index=(block, me), shape=(ROWS, BLOCK_N), padding_mode=ZERO), ct.float32)
+    and past N. ``w``: the slice's weight, fp32, loaded once per program."""
+    x = ct.astype(_ld(X, (block, me), (ROWS, BLOCK_N), TMA_LOAD, LATENCY), ct.float32)
+    dy = ct.astype(_ld(DY, (block, me), (ROWS, BLOCK_N), TMA_LOAD, LATENCY), ct.float32)
     if LAYERNORM:
         x = ct.where(_column_mask(me, BLOCK_N, n), x - _row_stat(MEAN, block, ROWS), 0.0)
     g = dy
     if HAS_WEIGHT:
-        g = dy * _param(W, me, BLOCK_N)
+        g = dy * w
     return x, dy, g
 
 
 @ct.kernel
 def _bwd_row_sums_kernel(
     DY, X, W, MEAN, ROW_SUMS,
-    LAYERNORM: ConstBool, HAS_WEIGHT: ConstBool, ROWS: ConstInt, BLOCK_N: ConstInt,
+    LAYERNORM: ConstBool, HAS_WEIGHT: ConstBool, ROWS: ConstInt, BLOCK_N: ConstInt, TMA_LOAD: ConstBool,
+    LATENCY: ConstInt,
 ):  # fmt: skip
     """ROW_SUMS[0, row, s] = sum over slice s of g * (x - mean); ROW_SUMS[1, row, s] = of g."""
     block = ct.bid(0)
     me = ct.bid(1)
-    xc, dy, g = _bwd_terms(DY, X, W, MEAN, block, me, X.shape[1], ROWS, BLOCK_N, LAYERNORM, HAS_WEIGHT)
+    w = _param(W, me, BLOCK_N)
+    xc, dy, g = _bwd_terms(DY, X, w, MEAN, block, me, X.shape[1], ROWS, BLOCK_N, LAYERNORM, HAS_WEIGHT, TMA_LOAD,
+                           LATENCY)  # fmt: skip
     ct.store(ROW_SUMS, index=(0, block, me), tile=ct.reshape(ct.sum(g * xc, axis=1), (1, ROWS, 1)))
     if LAYERNORM:
         ct.store(ROW_SUMS, index=(1, block, me), tile=ct.reshape(ct.sum(g, axis=1), (1, ROWS, 1)))
@@ -215,14 +257,16 @@ def _slice_sums(ROW_SUMS, k, block, ROWS, SLICES_P2):
     return ct.sum(ct.reshape(sums, (ROWS, SLICES_P2)), axis=1, keepdims=True)
 
 
-@ct.kernel
 def _bwd_kernel(
     DY, X, W, MEAN, RSTD, DRES, ROW_SUMS, DX, DW_PARTIAL, DB_PARTIAL,
     LAYERNORM: ConstBool, HAS_WEIGHT: ConstBool, HAS_DRESIDUAL: ConstBool,
-    ROWS: ConstInt, BLOCK_N: ConstInt, SLICES: ConstInt, SLICES_P2: ConstInt,
+    ROWS: ConstInt, BLOCK_N: ConstInt, SLICES: ConstInt, SLICES_P2: ConstInt, TMA_LOAD: ConstBool,
+    TMA_STORE: ConstBool, LATENCY: ConstInt, ACC_ROWS: ConstBool,
 ):  # fmt: skip
     """Program (group, slice) owns columns [slice * BLOCK_N, +BLOCK_N) of its group's row blocks
-    (SLICES = 1: the whole row, whose reductions it computes itself)."""
+    (SLICES = 1: the whole row, whose reductions it computes itself). ACC_ROWS: dweight / dbias
+    accumulate per row of the tile and are summed over the rows once, at the end, instead of a
+    column reduction per row block."""
     group = ct.bid(0)
     me = ct.bid(1)
     groups = ct.num_blocks(0)
@@ -236,9 +280,12 @@ def _bwd_kernel(
     count = share + ct.astype(group < extra, ct.int32)
     dw = ct.zeros((1, BLOCK_N), dtype=ct.float32)
     db = ct.zeros((1, BLOCK_N), dtype=ct.float32)
+    dw_rows = ct.zeros((ROWS, BLOCK_N), dtype=ct.float32)
+    db_rows = ct.zeros((ROWS, BLOCK_N), dtype=ct.float32)
+    w = _param(W, me, BLOCK_N)
     for i in range(count):
         block = first + i
-        xc, dy, g = _bwd_terms(DY, X, W, MEAN, block, me, n, ROWS, BLOCK_N, LAYERNORM, HAS_WEIGHT)
+        xc, dy, g = _bwd_terms(DY, X, w, MEAN, block, me, n, ROWS, BLOCK_N, LAYERNORM, HAS_WEIGHT, TMA_LOAD, LATENCY)
         rstd = _row_stat(RSTD, block, ROWS)
         if SLICES == 1:
             sum_gxc = ct.sum(g * xc, axis=1, keepdims=True)
@@ -252,14 +299,23 @@ def _bwd_kernel(
             else:
                 sum_g = _slice_sums(ROW_SUMS, 1, block, ROWS, SLICES_P2)
             dx = dx - sum_g / n
-            db = db + ct.sum(dy, axis=0, keepdims=True)
+            if ACC_ROWS:
+                db_rows = db_rows + dy
+            else:
+                db = db + ct.sum(dy, axis=0, keepdims=True)
         dx = dx * rstd
         if HAS_DRESIDUAL:
-            dres = ct.load(DRES, index=(block, me), shape=(ROWS, BLOCK_N), padding_mode=ZERO)
+            dres = _ld(DRES, (block, me), (ROWS, BLOCK_N), TMA_LOAD, LATENCY)
             dx = dx + ct.astype(dres, ct.float32)
         if HAS_WEIGHT:
-            dw = dw + ct.sum(dy * xhat, axis=0, keepdims=True)
-        ct.store(DX, index=(block, me), tile=ct.astype(dx, DX.dtype))
+            if ACC_ROWS:
+                dw_rows = dw_rows + dy * xhat
+            else:
+                dw = dw + ct.sum(dy * xhat, axis=0, keepdims=True)
+        _st(DX, (block, me), ct.astype(dx, DX.dtype), TMA_STORE, LATENCY)
+    if ACC_ROWS:
+        dw = ct.sum(dw_rows, axis=0, keepdims=True)
+        db = ct.sum(db_rows, axis=0, keepdims=True)
     if HAS_WEIGHT:
         ct.store(DW_PARTIAL, index=(group, me), tile=dw)
     if LAYERNORM:
@@ -317,6 +373,21 @@ def _placeholder(like: torch.Tensor, dtype: torch.dtype, ndim: int, role: str) -
     if key not in _PLACEHOLDERS:
         _PLACEHOLDERS[key] = torch.zeros((1,) * ndim, dtype=dtype, device=like.device)
     return _PLACEHOLDERS[key]
+
+
+_VARIANTS: dict = {}
+
+
+def _kernel(fn, t):
+    """The cuTile kernel of ``fn`` with the tuning's occupancy and worker-warp hints (0: the
+    compiler's own), made once per pair."""
+    key = (fn, t.occupancy, t.worker_warps)
+    if key not in _VARIANTS:
+        options = {"occupancy": t.occupancy} if t.occupancy > 0 else {}
+        if t.worker_warps > 0:
+            options["num_worker_warps"] = t.worker_warps
+        _VARIANTS[key] = ct.kernel(**options)(fn)
+    return _VARIANTS[key]
 
 
 def _launch(kernel, grid: tuple, args: tuple):
@@ -409,7 +480,9 @@ def norm_fwd(x, residual, weight, bias, eps, layernorm: bool):
     """(y, h or None, mean or None, rstd)."""
     M, N = x.shape
     _check_index_range(x, residual)
-    p = plan("fwd", M, N)
+    op = "layernorm" if layernorm else ("add_rmsnorm" if residual is not None else "rmsnorm")
+    t = _plan_module.TUNING or configs.choose(op, "fwd", N, x.device)
+    p = plan("fwd", M, N, t)
     y = torch.empty((M, N), dtype=x.dtype, device=x.device)
     h = torch.empty((M, N), dtype=x.dtype, device=x.device) if residual is not None else None
     rstd = torch.empty(M, dtype=torch.float32, device=x.device)
@@ -421,8 +494,9 @@ def norm_fwd(x, residual, weight, bias, eps, layernorm: bool):
         y, h if h is not None else _placeholder(x, x.dtype, 2, "h"),
         mean if mean is not None else _placeholder(x, torch.float32, 1, "mean"), rstd, float(eps),
         layernorm, weight is not None, bias is not None, residual is not None, p.rows, p.width, p.wide,
+        t.tma_load, t.tma_store, t.latency,
     )  # fmt: skip
-    _launch(_fwd_kernel, (_grid_rows(M, p), 1, 1), args)
+    _launch(_kernel(_fwd_kernel, t), (forward_programs(M, p, sm_count(x.device), t), 1, 1), args)
     return y, h, mean, rstd
 
 
@@ -438,12 +512,14 @@ def norm_bwd(dy, dres, x, weight, mean, rstd, layernorm: bool):
     """(dx, dw or None, db or None); dw and db in the weight's dtype (x's when there is none)."""
     M, N = x.shape
     _check_index_range(x, dy, dres)
-    p = plan("bwd", M, N)
+    op = "layernorm" if layernorm else ("add_rmsnorm" if dres is not None else "rmsnorm")
+    t = _plan_module.TUNING or configs.choose(op, "bwd", N, x.device)
+    p = plan("bwd", M, N, t)
     slices = p.pieces
     has_weight = weight is not None
     dx = torch.empty((M, N), dtype=x.dtype, device=x.device)
     n_sums = int(has_weight) + int(layernorm)
-    groups = backward_groups(M, p, sm_count(x.device))
+    groups = backward_groups(M, p, sm_count(x.device), t)
     # Rows of the partials (and of the sums) padded to 16 bytes: the second of them (dbias) is a
     # view at an offset, and at N = 7 (28-byte rows) its stores were lost on an H100 (dbias 0).
     partials = torch.empty((max(n_sums, 1), groups, _pad16(N, 4)), dtype=torch.float32, device=x.device)[..., :N]
@@ -454,15 +530,16 @@ def norm_bwd(dy, dres, x, weight, mean, rstd, layernorm: bool):
         row_sums = torch.empty((2, M, slices), dtype=torch.float32, device=x.device)
         _launch(
             _bwd_row_sums_kernel, (_grid_rows(M, p), slices, 1),
-            (dy, x, w, mean, row_sums, layernorm, has_weight, p.rows, p.width),
+            (dy, x, w, mean, row_sums, layernorm, has_weight, p.rows, p.width, t.tma_load, t.latency),
         )  # fmt: skip
     dw_partial = partials[0] if has_weight else _placeholder(x, torch.float32, 2, "dw_partial")
     db_partial = partials[n_sums - 1] if layernorm else _placeholder(x, torch.float32, 2, "db_partial")
     args = (
         dy, x, w, mean, rstd, dres if dres is not None else _placeholder(x, x.dtype, 2, "dres"), row_sums, dx,
         dw_partial, db_partial, layernorm, has_weight, dres is not None, p.rows, p.width, slices, next_pow2(slices),
+        t.tma_load, t.tma_store, t.latency, t.acc_rows,
     )  # fmt: skip
-    _launch(_bwd_kernel, (groups, slices, 1), args)
+    _launch(_kernel(_bwd_kernel, t), (groups, slices, 1), args)
     if not n_sums:
         return dx, None, None
     sum_dtype = weight.dtype if has_weight else x.dtype

@@ -18,7 +18,7 @@ every dimension must be a power of two, and the grid:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 FWD_ROW_MAX = 8192  # elements of a row held in one forward tile
 BWD_ROW_MAX = 4096  # backward: x, dy, dw and db tiles of this width live together
@@ -27,6 +27,44 @@ BWD_SLICE = 4096  # column slice of the backward's wide-row path
 TILE_ELEMENTS = 4096  # a tile of narrow rows holds about this many elements
 MAX_ROWS = 64
 PROGRAMS_PER_SM = 4
+
+
+@dataclass(frozen=True)
+class Tuning:
+    """What the host chooses beyond the tile: the compiler hints and the grids. ``fwd_programs_per_sm``
+    0 launches one program per row block; k > 0 a persistent grid of k programs per SM, each walking
+    every k-th block with the weight loaded once. ``latency``, ``occupancy``, ``worker_warps`` 0: the
+    compiler's own.
+    ``acc_rows``: the backward accumulates dweight / dbias per tile row (one column reduction at the
+    end, not one per row block)."""
+
+    fwd_row_max: int = FWD_ROW_MAX
+    bwd_row_max: int = BWD_ROW_MAX
+    fwd_chunk: int = FWD_CHUNK
+    bwd_slice: int = BWD_SLICE
+    fwd_tile_elements: int = TILE_ELEMENTS
+    bwd_tile_elements: int = TILE_ELEMENTS
+    max_rows: int = MAX_ROWS
+    programs_per_sm: int = PROGRAMS_PER_SM
+    fwd_programs_per_sm: int = 0
+    tma_load: bool = True
+    tma_store: bool = True
+    latency: int = 0
+    occupancy: int = 0
+    worker_warps: int = 0
+    acc_rows: bool = False
+
+
+# Experiments (tools/experiments/cutile-tuning) set a tuning for every call; None: each call takes
+# its GPU's table entry (configs.py)
+TUNING: Tuning | None = None
+
+
+def set_tuning(**changes) -> Tuning | None:
+    """Every call on ``Tuning(**changes)`` from now on (experiments); returns the previous override."""
+    global TUNING
+    old, TUNING = TUNING, Tuning(**changes)
+    return old
 
 
 def next_pow2(n: int) -> int:
@@ -46,25 +84,37 @@ class Plan:
         return self.pieces > 1
 
 
-def plan(direction: str, m: int, n: int) -> Plan:
-    """The tile for ``m`` rows of ``n`` elements (``m >= 1``, ``n >= 1``)."""
+def plan(direction: str, m: int, n: int, tuning: Tuning | None = None) -> Plan:
+    """The tile for ``m`` rows of ``n`` elements (``m >= 1``, ``n >= 1``) under ``tuning`` (the
+    defaults above when None)."""
     if direction not in ("fwd", "bwd"):
         raise ValueError(f"direction must be 'fwd' or 'bwd', got {direction!r}")
     if isinstance(m, bool) or not isinstance(m, int) or m < 1:
         raise ValueError(f"M must be an integer >= 1, got {m!r}")
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
         raise ValueError(f"N must be an integer >= 1, got {n!r}")
-    limit, piece = (FWD_ROW_MAX, FWD_CHUNK) if direction == "fwd" else (BWD_ROW_MAX, BWD_SLICE)
+    t = tuning or Tuning()
+    if direction == "fwd":
+        limit, piece, elements = t.fwd_row_max, t.fwd_chunk, t.fwd_tile_elements
+    else:
+        limit, piece, elements = t.bwd_row_max, t.bwd_slice, t.bwd_tile_elements
     width = next_pow2(n)
     pieces = 1
     if width > limit:
         width, pieces = piece, -(-n // piece)
-    rows = min(max(TILE_ELEMENTS // width, 1), MAX_ROWS, 1 << (m.bit_length() - 1))
+    rows = min(max(elements // width, 1), t.max_rows, 1 << (m.bit_length() - 1))
     return Plan(rows, width, pieces)
 
 
-def backward_groups(m: int, p: Plan, sm_count: int) -> int:
+def backward_groups(m: int, p: Plan, sm_count: int, tuning: Tuning | None = None) -> int:
     """Programs of the persistent backward per column slice: enough to fill the GPU, at most one
     per row block (so that every program owns at least one)."""
     blocks = -(-m // p.rows)
-    return max(1, min(blocks, PROGRAMS_PER_SM * sm_count // p.pieces))
+    return max(1, min(blocks, (tuning or Tuning()).programs_per_sm * sm_count // p.pieces))
+
+
+def forward_programs(m: int, p: Plan, sm_count: int, tuning: Tuning | None = None) -> int:
+    """Programs of the forward: one per row block, or a persistent grid (``fwd_programs_per_sm``)."""
+    blocks = -(-m // p.rows)
+    k = (tuning or Tuning()).fwd_programs_per_sm
+    return blocks if k <= 0 else max(1, min(blocks, k * sm_count))

@@ -1,0 +1,293 @@
+"""cuTile tuning: the host's choices (tile rows, grids, TMA or not, latency and occupancy hints,
+the widths kept in one tile) timed on the sweep's bytes, bf16, against the plan's defaults.
+
+    python tools/experiments/cutile-tuning/explore.py fwd|bwd OUT [BUDGET_S]
+    python tools/experiments/cutile-tuning/explore.py grid-fwd|grid-bwd OUT [BUDGET_S]
+
+``fwd`` / ``bwd``: the search below. ``grid-*``: the second round, a fixed grid over the knobs the
+search found to matter (the worker warps, occupancy, tile rows, TMA stores), on the sweep's, the
+between set's and two small widths, to choose rules per range of N that hold between the points.
+
+Stage 1 is a grid over the knobs expected to matter most; stage 2 tries the hints around each
+point's stage-1 best. Each stage compiles its candidates first in parallel processes (cuTile's
+disk cache, CUDA_TILE_CACHE_DIR), then times them one at a time in this process. The best of each
+point and the defaults are timed twice more, alternating, for their spread. Writes
+OUT/results.jsonl (one line per candidate) and OUT/meta.json (GPU, versions, copy bandwidth).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import json
+import multiprocessing as mp
+import os
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.getcwd())
+
+ELEMS = 2**27
+OPS = ("rmsnorm", "layernorm", "add_rmsnorm")
+N_FWD = (1024, 2880, 4096, 8192, 16384, 65536)
+N_BWD = (1024, 2880, 4096, 8192, 16384, 65536)
+
+
+def stage1(direction: str, n: int) -> list[dict]:
+    out = []
+    if direction == "fwd":
+        rows_max = (8192, 16384, 32768) if n > 8192 else (8192,)
+        for tile, progs, tl, ts, rmax in itertools.product((4096, 16384), (0, 4), (True, False), (True, False), rows_max):
+            out.append({"fwd_tile_elements": tile, "fwd_programs_per_sm": progs, "tma_load": tl, "tma_store": ts,
+                        "fwd_row_max": rmax})  # fmt: skip
+    else:
+        rows_max = (4096, 16384) if n > 4096 else (4096,)
+        for tile, progs, tl, ts, acc, rmax in itertools.product(
+            (2048, 8192), (2, 4), (True, False), (True, False), (False, True), rows_max
+        ):
+            out.append({"bwd_tile_elements": tile, "programs_per_sm": progs, "tma_load": tl, "tma_store": ts,
+                        "acc_rows": acc, "bwd_row_max": rmax})  # fmt: skip
+    return out
+
+
+N_GRID = (128, 512, 1024, 1536, 2304, 2880, 4096, 5120, 7168, 8192, 12288, 16384, 24576, 32768, 65536)
+
+
+def grid(direction: str, n: int) -> list[dict]:
+    """Tile rows only matter below the tile's width; above it, the widths kept whole (forward) or
+    the slice width (backward) take their place in the grid."""
+    out = []
+    if direction == "fwd":
+        shapes = [{"fwd_tile_elements": t, "fwd_row_max": 32768} for t in (4096, 16384)] if n < 16384 else \
+            [{"fwd_tile_elements": 4096, "fwd_row_max": r} for r in (16384, 32768)]
+        fixed = {"fwd_programs_per_sm": 4, "tma_load": True}
+    else:
+        shapes = [{"bwd_tile_elements": t, "bwd_row_max": 8192} for t in (2048, 8192)] if n < 8192 else \
+            [{"bwd_tile_elements": 4096, "bwd_row_max": 8192, "bwd_slice": s} for s in (4096, 8192)]
+        fixed = {"programs_per_sm": 2, "tma_load": True, "acc_rows": True}
+    for shape, ww, occ, ts in itertools.product(shapes, (0, 4, 8), (0, 1, 2), (False, True)):
+        out.append({**shape, **fixed, "tma_store": ts, "worker_warps": ww, "occupancy": occ})
+    return out
+
+
+def main_grid(direction: str, out_dir: str, budget_s: float):
+    import triton
+
+    from harness.run.timer import measure_copy_bandwidth
+    from harness.spec.roofline import bytes_moved
+
+    t0 = time.time()
+    os.makedirs(out_dir, exist_ok=True)
+    os.environ.setdefault("CUDA_TILE_CACHE_DIR", "/tmp/cutile-cache")
+    meta = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
+            "commit": os.environ.get("NORMBENCH_COMMIT"), "direction": direction, "mode": "grid",
+            "copy_before": measure_copy_bandwidth(trials=2)}  # fmt: skip
+    copy = meta["copy_before"]["tbps"]
+    points = [(op, n) for n in N_GRID for op in OPS]
+    cands = {p: [{}] + grid(direction, p[1]) for p in points}
+    warm([(op, direction, n, cands[(op, n)]) for op, n in points], workers=14)
+    k = kernels()
+    with open(os.path.join(out_dir, "results.jsonl"), "w") as f:
+        for op, n in points:
+            if time.time() - t0 > budget_s:
+                meta.setdefault("skipped", []).append([op, n])
+                continue
+            nbytes = bytes_moved(op, direction, ELEMS // n, n, 2).main
+            case = case_of(op, direction, n)
+            for t in cands[(op, n)]:
+                rec = {"op": op, "direction": direction, "N": n, "stage": "grid", "tuning": t}
+                try:
+                    rec["ms"] = [round(timed_under(k, op, direction, case, t), 5)]
+                    rec["frac"] = round(nbytes / (rec["ms"][0] * 1e-3) / 1e12 / copy, 4)
+                except Exception as e:  # noqa: BLE001
+                    rec["error"] = f"{type(e).__name__}: {str(e)[:200]}"
+                f.write(json.dumps(rec) + "\n")
+            f.flush()
+            del case
+            torch.cuda.empty_cache()
+            print("done", op, n, round(time.time() - t0), flush=True)
+    meta["copy_after"] = measure_copy_bandwidth(trials=2)
+    meta["time_s"] = round(time.time() - t0, 1)
+    with open(os.path.join(out_dir, "meta.json"), "w") as fm:
+        json.dump(meta, fm, indent=1)
+
+
+def stage2(best: dict) -> list[dict]:
+    out = [dict(best, occupancy=o) for o in (1, 2, 4, 8)]
+    out += [dict(best, latency=lat) for lat in (2, 5, 9)]
+    out += [dict(best, worker_warps=w) for w in (4, 8)]
+    return out
+
+
+def kernels():
+    from harness.registry import get
+
+    return get("cutile").kernels("cuda")
+
+
+def case_of(op, direction, n):
+    from harness.spec.inputs import make_case
+    from harness.spec.shapes import Shape
+
+    return make_case(op, Shape((ELEMS // n, n)), torch.bfloat16, "cuda")
+
+
+@contextlib.contextmanager
+def tuned(tuning):
+    """The plan's tuning replaced by ``tuning``'s fields while inside (every call reads it)."""
+    from impls.cutile import plan as P
+
+    old = P.set_tuning(**tuning)
+    try:
+        yield
+    finally:
+        P.TUNING = old
+
+
+def run_once(k, op, direction, case, tuning):
+    """One call on ``tuning`` (compiling it); returns the callable, to be timed under ``tuned``."""
+    from harness.run.bench import callables
+
+    with tuned(tuning):
+        fn = callables(k, op, direction, case)
+        fn()
+    return fn
+
+
+def timed_under(k, op, direction, case, tuning) -> float:
+    with tuned(tuning):
+        fn = run_once(k, op, direction, case, tuning)
+        return timed(fn)
+
+
+def warm_group(args):
+    """One (op, N)'s candidates compiled (and run once) in a worker process."""
+    op, direction, n, tunings = args
+    k = kernels()
+    case = case_of(op, direction, n)
+    errors = []
+    for t in tunings:
+        try:
+            run_once(k, op, direction, case, t)
+        except Exception as e:  # noqa: BLE001
+            errors.append((t, f"{type(e).__name__}: {str(e)[:200]}"))
+    torch.cuda.synchronize()
+    return op, n, errors
+
+
+def warm(groups, workers: int):
+    t0 = time.time()
+    ctx = mp.get_context("spawn")
+    with ctx.Pool(workers) as pool:
+        for op, n, errors in pool.imap_unordered(warm_group, groups):
+            for t, e in errors[:3]:
+                print("warm error", op, n, t, e, flush=True)
+    print(f"warm {sum(len(g[3]) for g in groups)} candidates in {time.time() - t0:.0f} s", flush=True)
+
+
+def timed(fn):
+    import triton.testing
+
+    return triton.testing.do_bench(fn, warmup=5, rep=25, return_mode="median")
+
+
+def main(direction: str, out_dir: str, budget_s: float):
+    import triton
+
+    from harness.run.timer import measure_copy_bandwidth
+    from harness.spec.roofline import bytes_moved
+    from impls.cutile import plan as P
+
+    t0 = time.time()
+    os.makedirs(out_dir, exist_ok=True)
+    os.environ.setdefault("CUDA_TILE_CACHE_DIR", "/tmp/cutile-cache")
+    import cuda.tile as ct
+
+    meta = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
+            "cuda_tile": getattr(ct, "__version__", "?"), "commit": os.environ.get("NORMBENCH_COMMIT"),
+            "direction": direction, "copy_before": measure_copy_bandwidth(trials=2)}  # fmt: skip
+    copy = meta["copy_before"]["tbps"]
+    ns = N_FWD if direction == "fwd" else N_BWD
+    points = [(op, n) for op in OPS for n in ns]
+    cands = {p: [{}] + stage1(direction, p[1]) for p in points}
+    warm([(op, direction, n, cands[(op, n)]) for op, n in points], workers=min(14, len(points)))
+    k = kernels()
+    rows = []
+    f = open(os.path.join(out_dir, "results.jsonl"), "w")
+
+    def time_point(op, n, tunings, stage):
+        nbytes = bytes_moved(op, direction, ELEMS // n, n, 2).main
+        case = case_of(op, direction, n)
+        recs = []
+        for t in tunings:
+            rec = {"op": op, "direction": direction, "N": n, "stage": stage, "tuning": t}
+            try:
+                rec["ms"] = [round(timed_under(k, op, direction, case, t), 5)]
+                rec["frac"] = round(nbytes / (rec["ms"][0] * 1e-3) / 1e12 / copy, 4)
+            except Exception as e:  # noqa: BLE001
+                rec["error"] = f"{type(e).__name__}: {str(e)[:200]}"
+            recs.append(rec)
+        del case
+        torch.cuda.empty_cache()
+        return recs
+
+    best = {}
+    for op, n in points:
+        if time.time() - t0 > budget_s * 0.55:
+            meta.setdefault("skipped_stage1", []).append([op, n])
+            continue
+        recs = time_point(op, n, cands[(op, n)], 1)
+        for r in recs:
+            f.write(json.dumps(r) + "\n")
+        f.flush()
+        ok = [r for r in recs if "ms" in r]
+        if ok:
+            best[(op, n)] = min(ok, key=lambda r: r["ms"][0])
+            print(op, n, "default", recs[0].get("frac"), "best", best[(op, n)]["frac"], best[(op, n)]["tuning"], flush=True)
+    s2 = {p: stage2(b["tuning"]) for p, b in best.items()}
+    if time.time() - t0 < budget_s * 0.6:
+        warm([(op, direction, n, s2[(op, n)]) for op, n in s2], workers=min(14, len(s2)))
+    for (op, n), tunings in s2.items():
+        if time.time() - t0 > budget_s * 0.85:
+            meta.setdefault("skipped_stage2", []).append([op, n])
+            continue
+        recs = time_point(op, n, tunings, 2)
+        for r in recs:
+            f.write(json.dumps(r) + "\n")
+        f.flush()
+        ok = [r for r in recs if "ms" in r]
+        if ok and min(r["ms"][0] for r in ok) < best[(op, n)]["ms"][0]:
+            best[(op, n)] = min(ok, key=lambda r: r["ms"][0])
+    # spread: the best and the defaults twice more, alternating
+    for (op, n), b in best.items():
+        if time.time() - t0 > budget_s:
+            break
+        nbytes = bytes_moved(op, direction, ELEMS // n, n, 2).main
+        case = case_of(op, direction, n)
+        rep = {"op": op, "direction": direction, "N": n, "stage": "repeat", "best": b["tuning"], "best_ms": [], "default_ms": []}
+        for _ in range(2):
+            rep["best_ms"].append(round(timed_under(k, op, direction, case, b["tuning"]), 5))
+            rep["default_ms"].append(round(timed_under(k, op, direction, case, {}), 5))
+        rep["best_frac"] = round(nbytes / (min(rep["best_ms"]) * 1e-3) / 1e12 / copy, 4)
+        rep["default_frac"] = round(nbytes / (min(rep["default_ms"]) * 1e-3) / 1e12 / copy, 4)
+        f.write(json.dumps(rep) + "\n")
+        f.flush()
+        print("repeat", op, n, rep["default_frac"], "->", rep["best_frac"], rep["best_ms"], b["tuning"], flush=True)
+        del case
+        torch.cuda.empty_cache()
+    f.close()
+    P.TUNING = P.Tuning()
+    meta["copy_after"] = measure_copy_bandwidth(trials=2)
+    meta["time_s"] = round(time.time() - t0, 1)
+    with open(os.path.join(out_dir, "meta.json"), "w") as fm:
+        json.dump(meta, fm, indent=1)
+
+
+if __name__ == "__main__":
+    mode, out, budget = sys.argv[1], sys.argv[2], float(sys.argv[3]) if len(sys.argv) > 3 else 480
+    if mode.startswith("grid-"):
+        main_grid(mode[len("grid-"):], out, budget)
+    else:
+        main(mode, out, budget)

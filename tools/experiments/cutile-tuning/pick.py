@@ -1,0 +1,118 @@
+"""The cuTile table (impls/cutile/configs.json) from the grid runs of explore.py.
+
+    python tools/experiments/cutile-tuning/pick.py GPU_NAME GRID_FWD.jsonl GRID_BWD.jsonl
+
+Per (op, direction) and N bucket (the tile's width, next_pow2(N); 65536 stands for every wider row),
+the grid candidate whose worst ratio to the best candidate over the bucket's measured widths is the
+highest: a rule that holds between the points, not the winner of one. The heuristic (a GPU with no
+table of its architecture) is the one candidate per direction with the best worst ratio over every
+op and width. Writes the GPU's entry and the heuristic into impls/cutile/configs.json.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import sys
+
+TABLE = os.path.join(os.path.dirname(__file__), "..", "..", "..", "impls", "cutile", "configs.json")
+WIDEST_BUCKET = 65536
+
+
+def bucket(n: int) -> int:
+    return min(1 << max(0, (n - 1).bit_length()), WIDEST_BUCKET)
+
+
+SHAPE_FIELDS = ("fwd_tile_elements", "fwd_row_max", "fwd_chunk", "bwd_tile_elements", "bwd_row_max", "bwd_slice")
+
+
+def key(t: dict, direction: str, n: int) -> str:
+    """What a candidate does at width n: its tile plan (rows, width, pieces: the fields that set the
+    tile, several of which do nothing at a given width) and its other knobs."""
+    from impls.cutile.plan import Tuning, plan
+
+    p = plan(direction, 2**27 // n, n, Tuning(**t))
+    rest = {k: v for k, v in t.items() if k not in SHAPE_FIELDS}
+    # within a bucket the width is one: rows and whether the row is cut tell the plans apart
+    return json.dumps({"plan": [p.rows, p.width, p.wide], **rest}, sort_keys=True)
+
+
+CONCRETE: dict = {}  # (direction, op, N, key) -> the measured tuning
+
+
+def load(path: str):
+    """(op, N) -> {key: fraction}; the plan's defaults ({}) left out: not a table entry."""
+    by = collections.defaultdict(dict)
+    for line in open(path):
+        r = json.loads(line)
+        if "frac" in r and r["tuning"]:
+            k = key(r["tuning"], r["direction"], r["N"])
+            by[(r["op"], r["N"])][k] = max(r["frac"], by[(r["op"], r["N"])].get(k, 0))
+            CONCRETE[(r["direction"], r["op"], r["N"], k)] = r["tuning"]
+    return by
+
+
+def best_rule(by, points, direction):
+    """The candidate measured at every point with the highest worst ratio to the points' best, as
+    the tuning measured at the widest of them (whose tile fields give the same plan at the rest)."""
+    def rest(k):
+        d = json.loads(k)
+        d["plan"] = d["plan"][0::2]  # rows and cut or not: the width is the bucket's (or wider, at 65536)
+        return json.dumps(d, sort_keys=True)
+
+    per_point = {p: {rest(k): k for k in by[p]} for p in points}
+    common = set.intersection(*(set(v) for v in per_point.values()))
+    score = {c: min(by[p][per_point[p][c]] / max(by[p].values()) for p in points) for c in common}
+    top = max(score, key=lambda c: (score[c], sum(by[p][per_point[p][c]] for p in points)))
+    widest = max(points, key=lambda p: p[1])
+    tuning = CONCRETE[(direction, widest[0], widest[1], per_point[widest][top])]
+    return tuning, score[top], [by[p][per_point[p][top]] for p in sorted(points)]
+
+
+def pick(by, direction: str) -> tuple[dict, dict]:
+    table, notes = {}, {}
+    for op in sorted({op for op, _ in by}):
+        entries = {}
+        for b in sorted({bucket(n) for o, n in by if o == op}):
+            points = [(o, n) for o, n in by if o == op and bucket(n) == b]
+            # a bucket's candidates differ in tile shape below and above the tile's width: rules
+            # are compared only where every point measured them
+            rule, worst, fracs = best_rule(by, points, direction)
+            entries[str(b)] = rule
+            notes[f"{op}_{direction} {b}"] = {"N": sorted(n for _, n in points), "worst_ratio_to_best": round(worst, 3),
+                                               "fractions": fracs}  # fmt: skip
+        table[f"{op}_{direction}"] = entries
+    return table, notes
+
+
+def heuristic(entries: dict, direction: str) -> dict:
+    """One tuning per direction for GPUs with no table of their architecture: each field's most
+    frequent value over this GPU's entries of that direction (ties: the smaller value)."""
+    rules = [r for k, v in entries.items() if k.endswith("_" + direction) for r in v.values()]
+    out = {}
+    for field in sorted({f for r in rules for f in r}):
+        votes = collections.Counter(json.dumps(r[field]) for r in rules if field in r)
+        out[field] = json.loads(max(votes, key=lambda v: (votes[v], -float(json.loads(v)))))
+    return out
+
+
+def main(gpu: str, fwd_path: str, bwd_path: str):
+    fwd, bwd = load(fwd_path), load(bwd_path)
+    table = json.load(open(TABLE)) if os.path.exists(TABLE) else {}
+    entries, notes = {}, {}
+    for direction, by in (("fwd", fwd), ("bwd", bwd)):
+        t, nt = pick(by, direction)
+        entries.update(t)
+        notes.update(nt)
+    table[gpu] = entries
+    table["_heuristic"] = {"fwd": heuristic(entries, "fwd"), "bwd": heuristic(entries, "bwd")}
+    with open(TABLE, "w") as f:
+        json.dump(table, f, indent=1, sort_keys=True)
+        f.write("\n")
+    for k, v in notes.items():
+        print(k, v)
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:4])
