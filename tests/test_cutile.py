@@ -357,7 +357,7 @@ def test_table_lookup_takes_the_bucket_or_the_nearest_and_the_heuristic_without_
     assert configs.source("rmsnorm", "fwd", 4096, "bf16", cpu).startswith("heuristic")
     for gpu in configs.gpus():  # every entry names fields of Tuning only, for both directions of each op
         assert {f"{op}_{d}" for op in ("rmsnorm", "layernorm", "add_rmsnorm") for d in ("fwd", "bwd")} <= set(table[gpu])
-        for name, buckets in table[gpu].items():
+        for buckets in table[gpu].values():
             for rule in buckets.values():
                 Tuning(**rule)
 

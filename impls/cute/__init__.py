@@ -11,7 +11,8 @@ IMPLEMENTATIONS = [
         description=(
             "CuTe DSL: 128-bit vector copies, warp/smem/cluster (DSMEM) row reductions, persistent backward; "
             "add_rmsnorm as the RMSNorm kernels with a residual row; fp32 weights beside 16-bit x; "
-            "launch shapes checked against Hopper's limits before compiling; FP8 output (per token and "
+            "launch shapes checked against Hopper's limits before compiling; per-head (T, H, N) views read "
+            "in place (a hierarchical row mode); FP8 output (per token and "
             "per 1 x 128 block) on the forward's launch shapes, block scales by warp shuffles"
         ),
         ops=("rmsnorm", "layernorm", "add_rmsnorm", *FP8_OPS),

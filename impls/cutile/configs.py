@@ -25,7 +25,7 @@ from .plan import Tuning
 _PATH = os.path.join(os.path.dirname(__file__), "configs.json")
 
 
-@functools.lru_cache(maxsize=1)
+@functools.cache
 def _table() -> dict:
     with open(_PATH) as f:
         return json.load(f)
@@ -35,7 +35,7 @@ def gpus() -> list[str]:
     return [k for k in _table() if not k.startswith("_")]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _gpu_of(device) -> tuple[str | None, str]:
     import torch
 
@@ -52,7 +52,7 @@ def _nearest(entries: dict, n: int) -> dict:
     return entries[str(min(keys, key=lambda k: (abs(k.bit_length() - b.bit_length()), k)))]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def choose(op: str, direction: str, n: int, device) -> Tuning:
     """The tuning a call of ``op``'s ``direction`` at width ``n`` runs on ``device``."""
     gpu, _ = _gpu_of(device)

@@ -1,24 +1,32 @@
-"""Launch plans for the cuTile kernels: tile shapes from N, M and x's element size, no per-GPU table.
+"""Launch plans for the cuTile kernels: tile shapes and grids from N, M and a ``Tuning`` (the
+host's other choices; per GPU, op, direction and N bucket in ``configs.json``, read by ``configs.py``).
 
 cuTile programs are written per block of threads over whole tiles; the compiler (``tileiras``)
 picks the threads, vectors and layouts itself. What the host chooses is the tile shape, whose
-every dimension must be a power of two, and the grid:
+every dimension must be a power of two, the grid, and the hints the compiler takes:
 
 * ``width``: the tile's columns, ``next_pow2(N)`` while the whole row fits in one tile
-  (``FWD_ROW_MAX`` / ``BWD_ROW_MAX`` elements), else a fixed chunk (forward: the row walked in
+  (``fwd_row_max`` / ``bwd_row_max`` elements), else a fixed chunk (forward: the row walked in
   chunks) or slice (backward: the row cut into column slices, one program each) of that many.
-* ``rows``: rows per tile, so that a tile holds about ``TILE_ELEMENTS`` elements whatever N is
+* ``rows``: rows per tile, so that a tile holds about ``*_tile_elements`` elements whatever N is
   (a program moves several narrow rows at once), and at most the largest power of two <= M, so
-  that a tile of few rows is not mostly padding. The grid has ``cdiv(M, rows)`` row blocks: every
+  that a tile of few rows is not mostly padding. There are ``cdiv(M, rows)`` row blocks: every
   tile starts inside the array (one wholly outside is undefined behaviour in cuTile), and the
   last may overhang its end, padded with zeros where loaded and clipped where stored.
-* the backward's persistent grid: ``PROGRAMS_PER_SM`` programs per SM, each walking a contiguous
-  range of row blocks and keeping one fp32 partial row of dweight / dbias.
+* the grids: the backward is persistent (``programs_per_sm`` programs per SM, each walking a
+  contiguous range of row blocks and keeping one fp32 partial row of dweight / dbias); the
+  forward launches one program per row block, or a persistent grid (``fwd_programs_per_sm``).
+* the hints: TMA or not for loads and stores, a DRAM latency hint, and the kernel's occupancy and
+  worker warps. Measured, these moved the same kernels by tens of points, differently per op
+  and width (docs/kernels/cutile.md), hence a table rather than constants.
+
+The module's constants are the first version's plan, which ``Tuning()`` keeps as its defaults (the
+FP8-output kernels still run on them).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 FWD_ROW_MAX = 8192  # elements of a row held in one forward tile
 BWD_ROW_MAX = 4096  # backward: x, dy, dw and db tiles of this width live together

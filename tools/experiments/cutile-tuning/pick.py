@@ -44,7 +44,9 @@ CONCRETE: dict = {}  # (direction, op, N, key) -> the measured tuning
 def load(path: str):
     """(op, N) -> {key: fraction}; the plan's defaults ({}) left out: not a table entry."""
     by = collections.defaultdict(dict)
-    for line in open(path):
+    with open(path) as f:
+        lines = f.readlines()
+    for line in lines:
         r = json.loads(line)
         if "frac" in r and r["tuning"]:
             k = key(r["tuning"], r["direction"], r["N"])
@@ -64,7 +66,9 @@ def best_rule(by, points, direction):
     per_point = {p: {rest(k): k for k in by[p]} for p in points}
     common = set.intersection(*(set(v) for v in per_point.values()))
     score = {c: min(by[p][per_point[p][c]] / max(by[p].values()) for p in points) for c in common}
-    top = max(score, key=lambda c: (score[c], sum(by[p][per_point[p][c]] for p in points)))
+    # ties (equal fractions, to the 4 decimals kept) go to the last key in sorted order: the same
+    # table on every run, whatever the string hashing
+    top = max(sorted(score, reverse=True), key=lambda c: (score[c], sum(by[p][per_point[p][c]] for p in points)))
     widest = max(points, key=lambda p: p[1])
     tuning = CONCRETE[(direction, widest[0], widest[1], per_point[widest][top])]
     return tuning, score[top], [by[p][per_point[p][top]] for p in sorted(points)]
@@ -99,7 +103,10 @@ def heuristic(entries: dict, direction: str) -> dict:
 
 def main(gpu: str, fwd_path: str, bwd_path: str):
     fwd, bwd = load(fwd_path), load(bwd_path)
-    table = json.load(open(TABLE)) if os.path.exists(TABLE) else {}
+    table = {}
+    if os.path.exists(TABLE):
+        with open(TABLE) as f:
+            table = json.load(f)
     entries, notes = {}, {}
     for direction, by in (("fwd", fwd), ("bwd", bwd)):
         t, nt = pick(by, direction)
