@@ -363,10 +363,9 @@ def test_table_lookup_takes_the_bucket_or_the_nearest_and_the_heuristic_without_
 
 
 def _table_cases():
-    import json
-    from pathlib import Path
+    from impls.cutile import configs
 
-    table = json.loads((Path(__file__).resolve().parents[1] / "impls/cutile/configs.json").read_text())
+    table = configs._table()
     return [(gpu, name, int(b)) for gpu in table if not gpu.startswith("_") for name, bs in table[gpu].items() for b in bs]
 
 

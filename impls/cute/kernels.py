@@ -112,6 +112,8 @@ import cutlass.cute as cute
 from cutlass import Boolean, Float32, Int32, Int64, const_expr
 from cutlass.cute.nvgpu import cpasync
 
+from harness.spec.validation import has_no_row_view
+
 from .plan import (
     _ONE_EXCHANGE_CTAS_PER_SM,
     _STAGED_CTAS_PER_SM,
@@ -1059,9 +1061,9 @@ def _dtype(t):
 
 
 def _flat(t, n: int):
-    """(M, N) rows where a view of them exists (a (T, H, N) tensor with T or H of 1, or whose token
-    stride is H head strides), else the tensor as it is."""
-    if t is None or t.dim() == 2 or not (t.shape[0] == 1 or t.shape[1] == 1 or t.stride(0) == t.shape[1] * t.stride(1)):
+    """(M, N) rows where a view of them exists (the contract's ``has_no_row_view`` is false: T or H
+    of 1, or a token stride of H head strides), else the tensor as it is."""
+    if t is None or t.dim() == 2 or has_no_row_view(t):
         return t
     return t.view(-1, n)
 

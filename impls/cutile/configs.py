@@ -20,7 +20,7 @@ import os
 
 from harness.spec.tuned import capability_of, table_for
 
-from .plan import Tuning
+from .plan import Tuning, next_pow2
 
 _PATH = os.path.join(os.path.dirname(__file__), "configs.json")
 
@@ -45,7 +45,7 @@ def _gpu_of(device) -> tuple[str | None, str]:
 
 
 def _nearest(entries: dict, n: int) -> dict:
-    b = 1 << max(0, (n - 1).bit_length())
+    b = next_pow2(n)
     keys = sorted(int(k) for k in entries)
     if b > keys[-1]:
         return entries[str(keys[-1])]

@@ -398,6 +398,12 @@ def _kernel(fn, t):
     return _VARIANTS[key]
 
 
+def _tuning(direction: str, n: int, layernorm: bool, fused: bool, device):
+    """The experiments' override (``plan.TUNING``), else the table's entry for this op and width."""
+    op = "layernorm" if layernorm else ("add_rmsnorm" if fused else "rmsnorm")
+    return _plan_module.TUNING or configs.choose(op, direction, n, device)
+
+
 def _launch(kernel, grid: tuple, args: tuple):
     if _COMPILE_ONLY:
         _COMPILE_ONLY[-1].append((_name(kernel), compile_kernel(kernel, args)))
@@ -488,8 +494,7 @@ def norm_fwd(x, residual, weight, bias, eps, layernorm: bool):
     """(y, h or None, mean or None, rstd)."""
     M, N = x.shape
     _check_index_range(x, residual)
-    op = "layernorm" if layernorm else ("add_rmsnorm" if residual is not None else "rmsnorm")
-    t = _plan_module.TUNING or configs.choose(op, "fwd", N, x.device)
+    t = _tuning("fwd", N, layernorm, residual is not None, x.device)
     p = plan("fwd", M, N, t)
     y = torch.empty((M, N), dtype=x.dtype, device=x.device)
     h = torch.empty((M, N), dtype=x.dtype, device=x.device) if residual is not None else None
@@ -520,8 +525,7 @@ def norm_bwd(dy, dres, x, weight, mean, rstd, layernorm: bool):
     """(dx, dw or None, db or None); dw and db in the weight's dtype (x's when there is none)."""
     M, N = x.shape
     _check_index_range(x, dy, dres)
-    op = "layernorm" if layernorm else ("add_rmsnorm" if dres is not None else "rmsnorm")
-    t = _plan_module.TUNING or configs.choose(op, "bwd", N, x.device)
+    t = _tuning("bwd", N, layernorm, dres is not None, x.device)
     p = plan("bwd", M, N, t)
     slices = p.pieces
     has_weight = weight is not None

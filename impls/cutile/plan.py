@@ -42,9 +42,8 @@ class Tuning:
     """What the host chooses beyond the tile: the compiler hints and the grids. ``fwd_programs_per_sm``
     0 launches one program per row block; k > 0 a persistent grid of k programs per SM, each walking
     every k-th block with the weight loaded once. ``latency``, ``occupancy``, ``worker_warps`` 0: the
-    compiler's own.
-    ``acc_rows``: the backward accumulates dweight / dbias per tile row (one column reduction at the
-    end, not one per row block)."""
+    compiler's own. ``acc_rows``: the backward accumulates dweight / dbias per tile row (one column
+    reduction at the end, not one per row block)."""
 
     fwd_row_max: int = FWD_ROW_MAX
     bwd_row_max: int = BWD_ROW_MAX

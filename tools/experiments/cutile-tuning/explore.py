@@ -76,7 +76,6 @@ def main_grid(direction: str, out_dir: str, budget_s: float):
     import triton
 
     from harness.run.timer import measure_copy_bandwidth
-    from harness.spec.roofline import bytes_moved
 
     t0 = time.time()
     os.makedirs(out_dir, exist_ok=True)
@@ -94,19 +93,8 @@ def main_grid(direction: str, out_dir: str, budget_s: float):
             if time.time() - t0 > budget_s:
                 meta.setdefault("skipped", []).append([op, n])
                 continue
-            nbytes = bytes_moved(op, direction, ELEMS // n, n, 2).main
-            case = case_of(op, direction, n)
-            for t in cands[(op, n)]:
-                rec = {"op": op, "direction": direction, "N": n, "stage": "grid", "tuning": t}
-                try:
-                    rec["ms"] = [round(timed_under(k, op, direction, case, t), 5)]
-                    rec["frac"] = round(nbytes / (rec["ms"][0] * 1e-3) / 1e12 / copy, 4)
-                except Exception as e:  # noqa: BLE001
-                    rec["error"] = f"{type(e).__name__}: {str(e)[:200]}"
-                f.write(json.dumps(rec) + "\n")
+            f.writelines(json.dumps(r) + "\n" for r in time_point(k, op, direction, n, cands[(op, n)], "grid", copy))
             f.flush()
-            del case
-            torch.cuda.empty_cache()
             print("done", op, n, round(time.time() - t0), flush=True)
     meta["copy_after"] = measure_copy_bandwidth(trials=2)
     meta["time_s"] = round(time.time() - t0, 1)
@@ -146,20 +134,39 @@ def tuned(tuning):
         P.TUNING = old
 
 
-def run_once(k, op, direction, case, tuning):
-    """One call on ``tuning`` (compiling it); returns the callable, to be timed under ``tuned``."""
+def run_once(k, op, direction, case):
+    """One call (compiling it on the tuning in force); returns the callable."""
     from harness.run.bench import callables
 
-    with tuned(tuning):
-        fn = callables(k, op, direction, case)
-        fn()
+    fn = callables(k, op, direction, case)
+    fn()
     return fn
 
 
 def timed_under(k, op, direction, case, tuning) -> float:
+    """The call timed on ``tuning``: the tuning stays in force while do_bench calls it."""
     with tuned(tuning):
-        fn = run_once(k, op, direction, case, tuning)
-        return timed(fn)
+        return timed(run_once(k, op, direction, case))
+
+
+def time_point(k, op, direction, n, tunings, stage, copy) -> list[dict]:
+    """One record per candidate at (op, N): its median ms and fraction of ``copy`` TB/s, or its error."""
+    from harness.spec.roofline import bytes_moved
+
+    nbytes = bytes_moved(op, direction, ELEMS // n, n, 2).main
+    case = case_of(op, direction, n)
+    recs = []
+    for t in tunings:
+        rec = {"op": op, "direction": direction, "N": n, "stage": stage, "tuning": t}
+        try:
+            rec["ms"] = [round(timed_under(k, op, direction, case, t), 5)]
+            rec["frac"] = round(nbytes / (rec["ms"][0] * 1e-3) / 1e12 / copy, 4)
+        except Exception as e:  # noqa: BLE001
+            rec["error"] = f"{type(e).__name__}: {str(e)[:200]}"
+        recs.append(rec)
+    del case
+    torch.cuda.empty_cache()
+    return recs
 
 
 def warm_group(args):
@@ -170,7 +177,8 @@ def warm_group(args):
     errors = []
     for t in tunings:
         try:
-            run_once(k, op, direction, case, t)
+            with tuned(t):
+                run_once(k, op, direction, case)
         except Exception as e:  # noqa: BLE001
             errors.append((t, f"{type(e).__name__}: {str(e)[:200]}"))
     torch.cuda.synchronize()
@@ -197,8 +205,6 @@ def main(direction: str, out_dir: str, budget_s: float):
     import triton
 
     from harness.run.timer import measure_copy_bandwidth
-    from harness.spec.roofline import bytes_moved
-    from impls.cutile import plan as P
 
     t0 = time.time()
     os.makedirs(out_dir, exist_ok=True)
@@ -214,31 +220,24 @@ def main(direction: str, out_dir: str, budget_s: float):
     cands = {p: [{}] + stage1(direction, p[1]) for p in points}
     warm([(op, direction, n, cands[(op, n)]) for op, n in points], workers=min(14, len(points)))
     k = kernels()
-    rows = []
-    f = open(os.path.join(out_dir, "results.jsonl"), "w")
+    with open(os.path.join(out_dir, "results.jsonl"), "w") as f:
+        _search(k, direction, points, cands, copy, budget_s, t0, meta, f)
+    meta["copy_after"] = measure_copy_bandwidth(trials=2)
+    meta["time_s"] = round(time.time() - t0, 1)
+    with open(os.path.join(out_dir, "meta.json"), "w") as fm:
+        json.dump(meta, fm, indent=1)
 
-    def time_point(op, n, tunings, stage):
-        nbytes = bytes_moved(op, direction, ELEMS // n, n, 2).main
-        case = case_of(op, direction, n)
-        recs = []
-        for t in tunings:
-            rec = {"op": op, "direction": direction, "N": n, "stage": stage, "tuning": t}
-            try:
-                rec["ms"] = [round(timed_under(k, op, direction, case, t), 5)]
-                rec["frac"] = round(nbytes / (rec["ms"][0] * 1e-3) / 1e12 / copy, 4)
-            except Exception as e:  # noqa: BLE001
-                rec["error"] = f"{type(e).__name__}: {str(e)[:200]}"
-            recs.append(rec)
-        del case
-        torch.cuda.empty_cache()
-        return recs
+
+def _search(k, direction, points, cands, copy, budget_s, t0, meta, f):
+    """Stage 1 at every point, stage 2 around each point's best, then the repeats; records to ``f``."""
+    from harness.spec.roofline import bytes_moved
 
     best = {}
     for op, n in points:
         if time.time() - t0 > budget_s * 0.55:
             meta.setdefault("skipped_stage1", []).append([op, n])
             continue
-        recs = time_point(op, n, cands[(op, n)], 1)
+        recs = time_point(k, op, direction, n, cands[(op, n)], 1, copy)
         for r in recs:
             f.write(json.dumps(r) + "\n")
         f.flush()
@@ -253,7 +252,7 @@ def main(direction: str, out_dir: str, budget_s: float):
         if time.time() - t0 > budget_s * 0.85:
             meta.setdefault("skipped_stage2", []).append([op, n])
             continue
-        recs = time_point(op, n, tunings, 2)
+        recs = time_point(k, op, direction, n, tunings, 2, copy)
         for r in recs:
             f.write(json.dumps(r) + "\n")
         f.flush()
@@ -277,12 +276,6 @@ def main(direction: str, out_dir: str, budget_s: float):
         print("repeat", op, n, rep["default_frac"], "->", rep["best_frac"], rep["best_ms"], b["tuning"], flush=True)
         del case
         torch.cuda.empty_cache()
-    f.close()
-    P.TUNING = P.Tuning()
-    meta["copy_after"] = measure_copy_bandwidth(trials=2)
-    meta["time_s"] = round(time.time() - t0, 1)
-    with open(os.path.join(out_dir, "meta.json"), "w") as fm:
-        json.dump(meta, fm, indent=1)
 
 
 if __name__ == "__main__":

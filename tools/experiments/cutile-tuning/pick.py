@@ -21,7 +21,9 @@ WIDEST_BUCKET = 65536
 
 
 def bucket(n: int) -> int:
-    return min(1 << max(0, (n - 1).bit_length()), WIDEST_BUCKET)
+    from impls.cutile.plan import next_pow2
+
+    return min(next_pow2(n), WIDEST_BUCKET)
 
 
 SHAPE_FIELDS = ("fwd_tile_elements", "fwd_row_max", "fwd_chunk", "bwd_tile_elements", "bwd_row_max", "bwd_slice")
