@@ -207,6 +207,77 @@ def test_rows_past_int32_indexing_are_refused():
         kernels.rmsnorm_fwd(x, None, 1e-5)
 
 
+# ---------------------------------------------------------------------------- per-head views
+# (T, H, N) views of a fused QKV tensor (row_views): the per-head set's and the edge set's views,
+# and a wide one (the sliced backward's row sums read the view too)
+VIEWS = sorted({(s.dims[1], s.dims[2], int(s.layout.rsplit("-", 1)[1])) for name in ("perhead", "edge")
+                for s in SHAPE_SETS[name] if s.layout.startswith("head-slice-")}) + [(2, 20001, 3)]  # fmt: skip
+
+
+def _head_view(t: int, h: int, n: int, p: int, dtype=torch.bfloat16) -> torch.Tensor:
+    """The first h of p heads of a contiguous (T, P, N) tensor, as the per-head sets cut q and k."""
+    return torch.randn(t, p, n, dtype=dtype)[:, :h, :]
+
+
+@needs_cutile
+def test_head_rows_keep_tiles_within_tokens_or_copy():
+    from impls.cutile.kernels import MIN_VIEW_ROWS, head_rows
+
+    assert [head_rows(h, 16) for h in (64, 32, 16, 8, 2, 1)] == [16, 16, 16, 8, 2, 1]  # H a power of two
+    assert head_rows(24, 32) == head_rows(40, 16) == 8  # a power of two dividing H, the tile within a token
+    assert head_rows(12, 32) == MIN_VIEW_ROWS == 4 and head_rows(6, 32) == head_rows(3, 32) == 0  # copied
+    assert head_rows(3, 1) == 1  # a row a tile (wide rows): any view
+
+
+@needs_cutile
+def test_host_side_passes_views_in_place_and_copies_the_rest():
+    """What the kernels are handed (no GPU: the decision only): a view goes in place with the rows
+    a tile takes from a token, and every other row tensor of the call as a (T, H, N) view of its
+    memory; a 3-D tensor with an (M, N) view goes as that view; heads no tile fits are copied."""
+    from impls.cutile.kernels import _as_rows
+    from impls.cutile.plan import Plan
+
+    p = Plan(32, 128, 1)
+    x, dy = _head_view(5, 8, 128, 48), torch.randn(5, 8, 128)
+    (x2, dy2, none), p2, hr = _as_rows((x, dy, None), 128, p)
+    assert x2 is x and dy2.shape == (5, 8, 128) and dy2.data_ptr() == dy.data_ptr() and none is None
+    assert (p2, hr) == (p, 8)  # 4 tokens of 8 heads a tile
+    (x2,), p2, hr = _as_rows((_head_view(3, 24, 128, 40),), 128, p)
+    assert x2.dim() == 3 and (p2, hr) == (Plan(8, 128, 1), 8)  # 8 rows a tile, within a token
+    (x2, dy2), p2, hr = _as_rows((_head_view(5, 3, 96, 7), torch.randn(5, 3, 96)), 96, Plan(32, 128, 1))
+    assert x2.shape == dy2.shape == (15, 96) and x2.is_contiguous() and hr == 0  # copied: 3 heads
+    (x2,), p2, hr = _as_rows((torch.randn(5, 8, 128),), 128, p)
+    assert x2.shape == (40, 128) and hr == 0 and p2 == p  # contiguous: (M, N) rows
+    (x2,), _, hr = _as_rows((_head_view(1, 8, 128, 48),), 128, p)
+    assert x2.shape == (8, 128) and hr == 0  # one token: its heads are rows
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("h,n,p", VIEWS, ids=[f"{h}x{n}-of-{p}" for h, n, p in VIEWS])
+def test_views_compile_for_sm90(cutile_kernels, h, n, p):
+    """Every op, direction and the FP8 ops on a per-head view, through the host code the GPU runs:
+    the view reaches the kernels as 3-D (no copy) where a tile fits its heads."""
+    from impls.cutile import fp8
+
+    k = cutile_kernels
+    x, dy, w = _head_view(9, h, n, p), torch.randn(9, h, n).bfloat16(), torch.ones(n)
+    res, rstd, mean = _head_view(9, h, n, p), torch.ones(9 * h), torch.zeros(9 * h)
+    calls = [
+        ("rmsnorm_fwd", k.rmsnorm_fwd, (x, w, 1e-6)), ("layernorm_fwd", k.layernorm_fwd, (x, w, w, 1e-6)),
+        ("add_rmsnorm_fwd", k.add_rmsnorm_fwd, (x, res, w, 1e-6)), ("rmsnorm_bwd", k.rmsnorm_bwd, (dy, x, w, rstd)),
+        ("layernorm_bwd", k.layernorm_bwd, (dy, x, w, mean, rstd)), ("add_rmsnorm_bwd", k.add_rmsnorm_bwd, (dy, dy, x, w, rstd)),
+        ("rmsnorm_fp8_fwd", fp8.rmsnorm_fp8_fwd, (x, w, 1e-6, n)),
+    ]  # fmt: skip
+    if n % GROUP_BLOCK == 0:
+        calls.append(("add_rmsnorm_fp8_fwd", fp8.add_rmsnorm_fp8_fwd, (x, res, w, 1e-6, GROUP_BLOCK)))
+    for name, fn, args in calls:
+        with k.compile_only() as compiled:
+            fn(*args)
+        assert compiled and all(c[:4] == b"\x7fELF" for _, c in compiled), name
+        if n > 8192 and name.endswith("_bwd"):
+            assert compiled[0][0] == "_bwd_row_sums_kernel", (name, [c for c, _ in compiled])
+
+
 # --------------------------------------------------------------------- against fp64, on a GPU
 @pytest.fixture(scope="module")
 def contract():
@@ -217,6 +288,32 @@ def contract():
     if why:
         pytest.skip(f"cutile: {why}")
     return impl.kernels(DEVICE)
+
+
+# views no shape set has: 24 heads (tiles of 8 rows within a token), 8 heads over tiles of several
+# tokens with a last tile past T, 2 wide heads (the sliced backward), 6 heads of 96 (copied)
+GPU_VIEWS = [Shape((37, 24, 128), "head-slice-40"), Shape((37, 8, 128), "head-slice-10"),
+             Shape((9, 2, 20001), "head-slice-3"), Shape((6, 6, 96), "head-slice-7")]  # fmt: skip
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["bf16", "fp32"])
+def test_views_against_the_reference(contract, dtype):
+    """Every op over per-head views, through the harness (which hands the views over as they are):
+    forward and backward against fp64, the FP8 ops against the exact checker."""
+    from harness.registry import get
+    from harness.spec.ops import OPS
+
+    failures = []
+    for op in get("cutile").ops:
+        for shape in GPU_VIEWS:
+            if get_op(op).unsupported(shape.n):
+                continue
+            for direction in OPS[op].directions:
+                r = run_check(get("cutile"), op, direction, shape, dtype, "cuda")
+                if not r.passed:
+                    failures.append(f"{op} {direction} {shape.label}: {r.status} {r.summary()}")
+    assert not failures, "\n".join(failures)
 
 
 def _rms_bwd_scales(dy, h, w, rstd, dres):

@@ -26,5 +26,6 @@ IMPLEMENTATIONS = [
         sources=("impls/cutile/kernels.py", "impls/cutile/plan.py", "impls/cutile/configs.py",
                  "impls/cutile/configs.json", "impls/cutile/fp8.py"),
         hooks={"config_source": "impls.cutile.configs:source"},
+        row_views=True,
     )
 ]

@@ -65,12 +65,13 @@ import torch
 from harness.spec.fp8 import AMAX_FLOOR, E4M3_MAX, FP8_DTYPE, GROUP_BLOCK, contract_functions
 
 from .kernels import (
-    ZERO,
     ConstBool,
     ConstInt,
+    _as_rows,
     _check_index_range,
     _grid_rows,
     _launch,
+    _ld_rows,
     _load_row,
     _param,
     _placeholder,
@@ -113,11 +114,11 @@ def _quantize_blocks(y, Q, S, block, chunk, ROWS, WIDTH, GROUP):
     ct.store(S, index=(block, chunk), tile=ct.reshape(scale, (ROWS, blocks)))
 
 
-def _row_again(X, R, block, chunk, ROWS, BLOCK_N, HAS_RESIDUAL):
+def _row_again(X, R, block, chunk, ROWS, BLOCK_N, HEAD_ROWS, HAS_RESIDUAL):
     """Pass 2's x, or h from x and the residual again (the same rounding as pass 1's)."""
-    x = ct.load(X, index=(block, chunk), shape=(ROWS, BLOCK_N), padding_mode=ZERO)
+    x = _ld_rows(X, block, chunk, ROWS, BLOCK_N, HEAD_ROWS, True, 0)
     if HAS_RESIDUAL:
-        r = ct.load(R, index=(block, chunk), shape=(ROWS, BLOCK_N), padding_mode=ZERO)
+        r = _ld_rows(R, block, chunk, ROWS, BLOCK_N, HEAD_ROWS, True, 0)
         x = ct.astype(ct.astype(x, ct.float32) + ct.astype(r, ct.float32), X.dtype)
     return ct.astype(x, ct.float32)
 
@@ -127,15 +128,15 @@ def _row_again(X, R, block, chunk, ROWS, BLOCK_N, HAS_RESIDUAL):
 def _fp8_kernel(
     X, R, W, Q, S, H, RSTD, eps,
     HAS_RESIDUAL: ConstBool, HAS_WEIGHT: ConstBool, PER_ROW: ConstBool,
-    ROWS: ConstInt, BLOCK_N: ConstInt, CHUNKED: ConstBool, GROUP: ConstInt,
+    ROWS: ConstInt, BLOCK_N: ConstInt, CHUNKED: ConstBool, GROUP: ConstInt, HEAD_ROWS: ConstInt,
 ):  # fmt: skip
     """One block of ROWS rows per program: the whole row in one tile (BLOCK_N >= N), or, with
     CHUNKED, walked twice in chunks of BLOCK_N columns. GROUP: the block of the 1 x 128 scales
-    (read only without PER_ROW)."""
+    (read only without PER_ROW). X and R: (M, N) rows or per-head views (``kernels._ld_rows``)."""
     block = ct.bid(0)
-    n = X.shape[1]
+    n = Q.shape[1]
     if not CHUNKED:
-        x = _load_row(X, R, H, block, 0, ROWS, BLOCK_N, HAS_RESIDUAL)
+        x = _load_row(X, R, H, block, 0, ROWS, BLOCK_N, HEAD_ROWS, HAS_RESIDUAL)
         rstd = _rstd(ct.sum(x * x, axis=1, keepdims=True), n, eps)
         ct.store(RSTD, index=(block,), tile=ct.reshape(rstd, (ROWS,)))
         y = _weighted(x * rstd, W, 0, BLOCK_N, HAS_WEIGHT)
@@ -151,7 +152,7 @@ def _fp8_kernel(
         sum_sq = ct.zeros((ROWS, BLOCK_N), dtype=ct.float32)
         amax = ct.zeros((ROWS, BLOCK_N), dtype=ct.float32)  # read only with PER_ROW
         for c in range(n_chunks):
-            x = _load_row(X, R, H, block, c, ROWS, BLOCK_N, HAS_RESIDUAL)
+            x = _load_row(X, R, H, block, c, ROWS, BLOCK_N, HEAD_ROWS, HAS_RESIDUAL)
             sum_sq = sum_sq + x * x
             if PER_ROW:
                 amax = ct.maximum(amax, ct.abs(_weighted(x, W, c, BLOCK_N, HAS_WEIGHT)), propagate_nan=True)
@@ -164,7 +165,7 @@ def _fp8_kernel(
         # pass 2, last chunk first (still in L2): y, q and the blocks' scales
         for i in range(n_chunks):
             c = n_chunks - 1 - i
-            y = _weighted(_row_again(X, R, block, c, ROWS, BLOCK_N, HAS_RESIDUAL) * rstd, W, c, BLOCK_N, HAS_WEIGHT)
+            y = _weighted(_row_again(X, R, block, c, ROWS, BLOCK_N, HEAD_ROWS, HAS_RESIDUAL) * rstd, W, c, BLOCK_N, HAS_WEIGHT)
             if PER_ROW:
                 ct.store(Q, index=(block, c), tile=_to_e4m3(y * inv))
             else:
@@ -173,10 +174,11 @@ def _fp8_kernel(
 
 # ============================================================================== host
 def _fp8_fwd(x, residual, weight, eps, group):
-    """(q, scale, h or None, rstd)."""
-    M, N = x.shape
+    """(q, scale, h or None, rstd); x and the residual (M, N) rows or (T, H, N) views."""
+    N = x.shape[-1]
+    M = x.numel() // N
     _check_index_range(x, residual)
-    p = plan("fwd", M, N)
+    (x, residual), p, hr = _as_rows((x, residual), N, plan("fwd", M, N))
     q = torch.empty((M, N), dtype=FP8_DTYPE, device=x.device)
     scale = torch.empty((M, N // group), dtype=torch.float32, device=x.device)
     rstd = torch.empty(M, dtype=torch.float32, device=x.device)
@@ -185,7 +187,7 @@ def _fp8_fwd(x, residual, weight, eps, group):
         x, residual if residual is not None else _placeholder(x, x.dtype, 2, "residual"),
         weight if weight is not None else _placeholder(x, x.dtype, 1, "weight"), q, scale,
         h if h is not None else _placeholder(x, x.dtype, 2, "h"), rstd, float(eps),
-        residual is not None, weight is not None, group == N, p.rows, p.width, p.wide, GROUP_BLOCK,
+        residual is not None, weight is not None, group == N, p.rows, p.width, p.wide, GROUP_BLOCK, hr,
     )  # fmt: skip
     _launch(_fp8_kernel, (_grid_rows(M, p), 1, 1), args)
     return q, scale, h, rstd

@@ -81,6 +81,7 @@ import cuda.tile as ct
 import torch
 
 from harness.spec.contract import contract_functions
+from harness.spec.validation import has_no_row_view
 
 from . import configs
 from . import plan as _plan_module
@@ -109,20 +110,34 @@ def _st(A, index, tile, TMA, LATENCY):
         ct.store(A, index=index, tile=tile, allow_tma=TMA)
 
 
-def _load_row_hinted(X, R, H, block, chunk, ROWS, BLOCK_N, HAS_RESIDUAL, TMA_LOAD, TMA_STORE, LATENCY):
+def _ld_rows(A, block, chunk, ROWS, BLOCK_N, HEAD_ROWS, TMA, LATENCY):
+    """Rows [block * ROWS, +ROWS) x column tile ``chunk`` of the contract's rows, as a [ROWS,
+    BLOCK_N] tile: of an (M, N) array (HEAD_ROWS 0), or of a (T, H, N) per-head view, loaded as a
+    [ROWS / HEAD_ROWS, HEAD_ROWS, BLOCK_N] tile (HEAD_ROWS divides H, and is H where the tile spans
+    several tokens) whose row-major order is the rows' order t * H + h."""
+    if HEAD_ROWS == 0:
+        t = _ld(A, (block, chunk), (ROWS, BLOCK_N), TMA, LATENCY)
+    else:
+        per_token = A.shape[1] // HEAD_ROWS
+        t = _ld(A, (block // per_token, block % per_token, chunk), (ROWS // HEAD_ROWS, HEAD_ROWS, BLOCK_N), TMA, LATENCY)
+        t = ct.reshape(t, (ROWS, BLOCK_N))
+    return t
+
+
+def _load_row_hinted(X, R, H, block, chunk, ROWS, BLOCK_N, HEAD_ROWS, HAS_RESIDUAL, TMA_LOAD, TMA_STORE, LATENCY):
     """The [ROWS, BLOCK_N] tile to normalise, as fp32: x, or h = x + residual rounded to x's
-    dtype and stored."""
-    x = _ld(X, (block, chunk), (ROWS, BLOCK_N), TMA_LOAD, LATENCY)
+    dtype and stored (H: (M, N) rows, whatever x's layout)."""
+    x = _ld_rows(X, block, chunk, ROWS, BLOCK_N, HEAD_ROWS, TMA_LOAD, LATENCY)
     if HAS_RESIDUAL:
-        r = _ld(R, (block, chunk), (ROWS, BLOCK_N), TMA_LOAD, LATENCY)
+        r = _ld_rows(R, block, chunk, ROWS, BLOCK_N, HEAD_ROWS, TMA_LOAD, LATENCY)
         x = ct.astype(ct.astype(x, ct.float32) + ct.astype(r, ct.float32), X.dtype)
         _st(H, (block, chunk), x, TMA_STORE, LATENCY)
     return ct.astype(x, ct.float32)
 
 
-def _load_row(X, R, H, block, chunk, ROWS, BLOCK_N, HAS_RESIDUAL):
+def _load_row(X, R, H, block, chunk, ROWS, BLOCK_N, HEAD_ROWS, HAS_RESIDUAL):
     """``_load_row_hinted`` with the compiler's own choices (the FP8 kernels)."""
-    return _load_row_hinted(X, R, H, block, chunk, ROWS, BLOCK_N, HAS_RESIDUAL, True, True, 0)
+    return _load_row_hinted(X, R, H, block, chunk, ROWS, BLOCK_N, HEAD_ROWS, HAS_RESIDUAL, True, True, 0)
 
 
 def _rstd(sum_sq, n, eps):
@@ -157,14 +172,14 @@ def _fwd_kernel(
     X, R, W, B, Y, H, MEAN, RSTD, eps,
     LAYERNORM: ConstBool, HAS_WEIGHT: ConstBool, HAS_BIAS: ConstBool, HAS_RESIDUAL: ConstBool,
     ROWS: ConstInt, BLOCK_N: ConstInt, CHUNKED: ConstBool, TMA_LOAD: ConstBool, TMA_STORE: ConstBool,
-    LATENCY: ConstInt,
+    LATENCY: ConstInt, HEAD_ROWS: ConstInt,
 ):  # fmt: skip
     """Row blocks of ROWS rows, program p taking blocks p, p + programs, ...: the whole row in one
     tile (BLOCK_N >= N), or, with CHUNKED, walked twice in chunks of BLOCK_N columns. With as many
-    programs as blocks, each takes one. (A kernel through ``_kernel``, which adds the plan's
-    occupancy.)"""
-    n = X.shape[1]
-    n_blocks = ct.cdiv(X.shape[0], ROWS)
+    programs as blocks, each takes one. X and R: (M, N) rows or per-head views (``_ld_rows``); Y
+    and H are (M, N). (A kernel through ``_kernel``, which adds the plan's occupancy.)"""
+    n = Y.shape[1]
+    n_blocks = ct.cdiv(Y.shape[0], ROWS)
     if not CHUNKED:
         # weight and bias loaded once per program, not once per row block
         w = ct.full((BLOCK_N,), 1.0, dtype=ct.float32)
@@ -174,7 +189,7 @@ def _fwd_kernel(
         if HAS_BIAS:
             b = _param(B, 0, BLOCK_N)
         for block in range(ct.bid(0), n_blocks, ct.num_blocks(0)):
-            x = _load_row_hinted(X, R, H, block, 0, ROWS, BLOCK_N, HAS_RESIDUAL, TMA_LOAD, TMA_STORE, LATENCY)
+            x = _load_row_hinted(X, R, H, block, 0, ROWS, BLOCK_N, HEAD_ROWS, HAS_RESIDUAL, TMA_LOAD, TMA_STORE, LATENCY)
             if LAYERNORM:
                 mean = ct.sum(x, axis=1, keepdims=True) / n
                 # centre in registers before squaring (two-pass variance): E[x^2] - E[x]^2 cancels badly
@@ -196,7 +211,7 @@ def _fwd_kernel(
             m2 = ct.zeros((ROWS, 1), dtype=ct.float32)
             sum_sq = ct.zeros((ROWS, BLOCK_N), dtype=ct.float32)
             for c in range(n_chunks):
-                x = _load_row_hinted(X, R, H, block, c, ROWS, BLOCK_N, HAS_RESIDUAL, TMA_LOAD, TMA_STORE, LATENCY)
+                x = _load_row_hinted(X, R, H, block, c, ROWS, BLOCK_N, HEAD_ROWS, HAS_RESIDUAL, TMA_LOAD, TMA_STORE, LATENCY)
                 if LAYERNORM:
                     seen = ct.astype(c * BLOCK_N, ct.float32)
                     count = ct.astype(ct.minimum(n - c * BLOCK_N, BLOCK_N), ct.float32)
@@ -218,9 +233,9 @@ def _fwd_kernel(
             # pass 2, last chunk first (still in L2): y, from x (and h again from x and the residual)
             for i in range(n_chunks):
                 c = n_chunks - 1 - i
-                x = ct.astype(_ld(X, (block, c), (ROWS, BLOCK_N), TMA_LOAD, LATENCY), ct.float32)
+                x = ct.astype(_ld_rows(X, block, c, ROWS, BLOCK_N, HEAD_ROWS, TMA_LOAD, LATENCY), ct.float32)
                 if HAS_RESIDUAL:
-                    r = _ld(R, (block, c), (ROWS, BLOCK_N), TMA_LOAD, LATENCY)
+                    r = _ld_rows(R, block, c, ROWS, BLOCK_N, HEAD_ROWS, TMA_LOAD, LATENCY)
                     x = ct.astype(ct.astype(x + ct.astype(r, ct.float32), X.dtype), ct.float32)
                 if LAYERNORM:
                     x = x - mean
@@ -229,11 +244,11 @@ def _fwd_kernel(
 
 
 # =================================================================================== backward
-def _bwd_terms(DY, X, w, MEAN, block, me, n, ROWS, BLOCK_N, LAYERNORM, HAS_WEIGHT, TMA_LOAD, LATENCY):
+def _bwd_terms(DY, X, w, MEAN, block, me, n, ROWS, BLOCK_N, HEAD_ROWS, LAYERNORM, HAS_WEIGHT, TMA_LOAD, LATENCY):
     """(x - mean or x, dy, g = dy * w) in fp32 for the block's rows and slice ``me``; 0 past M
     and past N. ``w``: the slice's weight, fp32, loaded once per program."""
-    x = ct.astype(_ld(X, (block, me), (ROWS, BLOCK_N), TMA_LOAD, LATENCY), ct.float32)
-    dy = ct.astype(_ld(DY, (block, me), (ROWS, BLOCK_N), TMA_LOAD, LATENCY), ct.float32)
+    x = ct.astype(_ld_rows(X, block, me, ROWS, BLOCK_N, HEAD_ROWS, TMA_LOAD, LATENCY), ct.float32)
+    dy = ct.astype(_ld_rows(DY, block, me, ROWS, BLOCK_N, HEAD_ROWS, TMA_LOAD, LATENCY), ct.float32)
     if LAYERNORM:
         x = ct.where(_column_mask(me, BLOCK_N, n), x - _row_stat(MEAN, block, ROWS), 0.0)
     g = dy
@@ -246,13 +261,16 @@ def _bwd_terms(DY, X, w, MEAN, block, me, n, ROWS, BLOCK_N, LAYERNORM, HAS_WEIGH
 def _bwd_row_sums_kernel(
     DY, X, W, MEAN, ROW_SUMS,
     LAYERNORM: ConstBool, HAS_WEIGHT: ConstBool, ROWS: ConstInt, BLOCK_N: ConstInt, TMA_LOAD: ConstBool,
-    LATENCY: ConstInt,
+    LATENCY: ConstInt, HEAD_ROWS: ConstInt,
 ):  # fmt: skip
     """ROW_SUMS[0, row, s] = sum over slice s of g * (x - mean); ROW_SUMS[1, row, s] = of g."""
     block = ct.bid(0)
     me = ct.bid(1)
     w = _param(W, me, BLOCK_N)
-    xc, dy, g = _bwd_terms(DY, X, w, MEAN, block, me, X.shape[1], ROWS, BLOCK_N, LAYERNORM, HAS_WEIGHT, TMA_LOAD,
+    n = X.shape[1]
+    if HEAD_ROWS > 0:
+        n = X.shape[2]
+    xc, dy, g = _bwd_terms(DY, X, w, MEAN, block, me, n, ROWS, BLOCK_N, HEAD_ROWS, LAYERNORM, HAS_WEIGHT, TMA_LOAD,
                            LATENCY)  # fmt: skip
     ct.store(ROW_SUMS, index=(0, block, me), tile=ct.reshape(ct.sum(g * xc, axis=1), (1, ROWS, 1)))
     if LAYERNORM:
@@ -269,7 +287,7 @@ def _bwd_kernel(
     DY, X, W, MEAN, RSTD, DRES, ROW_SUMS, DX, DW_PARTIAL, DB_PARTIAL,
     LAYERNORM: ConstBool, HAS_WEIGHT: ConstBool, HAS_DRESIDUAL: ConstBool,
     ROWS: ConstInt, BLOCK_N: ConstInt, SLICES: ConstInt, SLICES_P2: ConstInt, TMA_LOAD: ConstBool,
-    TMA_STORE: ConstBool, LATENCY: ConstInt, ACC_ROWS: ConstBool,
+    TMA_STORE: ConstBool, LATENCY: ConstInt, ACC_ROWS: ConstBool, HEAD_ROWS: ConstInt,
 ):  # fmt: skip
     """Program (group, slice) owns columns [slice * BLOCK_N, +BLOCK_N) of its group's row blocks
     (SLICES = 1: the whole row, whose reductions it computes itself). ACC_ROWS: dweight / dbias
@@ -278,10 +296,10 @@ def _bwd_kernel(
     group = ct.bid(0)
     me = ct.bid(1)
     groups = ct.num_blocks(0)
-    n = X.shape[1]
+    n = DX.shape[1]
     # a contiguous range of row blocks per group, sizes differing by at most one, so that no
     # program idles while another finishes a double share
-    n_blocks = ct.cdiv(X.shape[0], ROWS)
+    n_blocks = ct.cdiv(DX.shape[0], ROWS)
     share = n_blocks // groups
     extra = n_blocks % groups
     first = group * share + ct.minimum(group, extra)
@@ -293,7 +311,8 @@ def _bwd_kernel(
     w = _param(W, me, BLOCK_N)
     for i in range(count):
         block = first + i
-        xc, dy, g = _bwd_terms(DY, X, w, MEAN, block, me, n, ROWS, BLOCK_N, LAYERNORM, HAS_WEIGHT, TMA_LOAD, LATENCY)
+        xc, dy, g = _bwd_terms(DY, X, w, MEAN, block, me, n, ROWS, BLOCK_N, HEAD_ROWS, LAYERNORM, HAS_WEIGHT, TMA_LOAD,
+                               LATENCY)  # fmt: skip
         rstd = _row_stat(RSTD, block, ROWS)
         if SLICES == 1:
             sum_gxc = ct.sum(g * xc, axis=1, keepdims=True)
@@ -313,7 +332,7 @@ def _bwd_kernel(
                 db = db + ct.sum(dy, axis=0, keepdims=True)
         dx = dx * rstd
         if HAS_DRESIDUAL:
-            dres = _ld(DRES, (block, me), (ROWS, BLOCK_N), TMA_LOAD, LATENCY)
+            dres = _ld_rows(DRES, block, me, ROWS, BLOCK_N, HEAD_ROWS, TMA_LOAD, LATENCY)
             dx = dx + ct.astype(dres, ct.float32)
         if HAS_WEIGHT:
             if ACC_ROWS:
@@ -353,6 +372,8 @@ _COMPILE_ONLY: list = []  # a stack of lists collecting (kernel name, cubin byte
 SM_COUNT_WITHOUT_GPU = 1
 # cuTile's default array indexing is int32 (shapes, strides and offsets)
 INDEX_LIMIT = 2**31
+# a per-head view whose heads take no tile of this many rows (or the plan's, if fewer) is copied
+MIN_VIEW_ROWS = 4
 
 # float8_e4m3fn: the FP8-output ops' q (impls/cutile/fp8.py)
 _CT_DTYPES = {torch.bfloat16: ct.bfloat16, torch.float16: ct.float16, torch.float32: ct.float32,
@@ -478,11 +499,42 @@ class compile_only:
 
 def _check_index_range(*tensors):
     for t in tensors:
-        if t is not None and t.dim() == 2 and (t.shape[0] - 1) * t.stride(0) + t.shape[1] >= INDEX_LIMIT:
+        if t is not None and sum((d - 1) * s for d, s in zip(t.shape, t.stride())) + 1 >= INDEX_LIMIT:
             raise ValueError(
-                f"cuTile kernels index arrays with int32: a ({t.shape[0]}, {t.shape[1]}) tensor with row "
-                f"stride {t.stride(0)} spans 2^31 elements or more"
+                f"cuTile kernels index arrays with int32: a {tuple(t.shape)} tensor with strides "
+                f"{tuple(t.stride())} spans 2^31 elements or more"
             )
+
+
+def head_rows(heads: int, rows: int) -> int:
+    """Rows a tile of a (T, H, N) per-head view takes from one token, for a plan of ``rows`` rows
+    (both powers of two in cuTile's tiles): all H heads where the tile spans whole tokens (H a power
+    of two dividing ``rows``), else a power of two dividing H (the tile then has that many rows,
+    within one token). 0: no such tile of at least ``MIN_VIEW_ROWS`` rows (H = 3 or 5, say), so the
+    view is copied to (M, N) rows."""
+    if heads & (heads - 1) == 0:
+        return min(rows, heads)
+    fit = min(rows, heads & -heads)
+    return fit if fit >= min(rows, MIN_VIEW_ROWS) else 0
+
+
+def _as_rows(rows: tuple, n: int, p: Plan) -> tuple[tuple, Plan, int]:
+    """(row tensors as launched, the plan, HEAD_ROWS) for a call's row tensors (None where absent):
+    (M, N) rows where every tensor has them (a 3-D tensor with an (M, N) view goes as that view);
+    else every tensor as a (T, H, N) view, read in place with tiles of ``head_rows`` rows from a
+    token (the plan's rows cut to those where the tile stays within one token), or, where no tile
+    fits, copied to (M, N) rows."""
+    rows = tuple(t if t is None or t.dim() == 2 or has_no_row_view(t) else t.reshape(-1, n) for t in rows)
+    view = next((t for t in rows if t is not None and t.dim() == 3), None)
+    if view is None:
+        return rows, p, 0
+    tokens, heads = view.shape[:2]
+    hr = head_rows(heads, p.rows)
+    if hr == 0:
+        return tuple(t if t is None else t.reshape(-1, n) for t in rows), p, 0
+    if hr < p.rows and hr < heads:
+        p = Plan(hr, p.width, p.pieces)
+    return tuple(t if t is None or t.dim() == 3 else t.view(tokens, heads, n) for t in rows), p, hr
 
 
 def _grid_rows(m: int, p: Plan) -> int:
@@ -491,11 +543,12 @@ def _grid_rows(m: int, p: Plan) -> int:
 
 # ============================================================================ forward (host)
 def norm_fwd(x, residual, weight, bias, eps, layernorm: bool):
-    """(y, h or None, mean or None, rstd)."""
-    M, N = x.shape
+    """(y, h or None, mean or None, rstd); x and the residual (M, N) rows or (T, H, N) views."""
+    N = x.shape[-1]
+    M = x.numel() // N
     _check_index_range(x, residual)
     t = _tuning("fwd", N, layernorm, residual is not None, x.device)
-    p = plan("fwd", M, N, t)
+    (x, residual), p, hr = _as_rows((x, residual), N, plan("fwd", M, N, t))
     y = torch.empty((M, N), dtype=x.dtype, device=x.device)
     h = torch.empty((M, N), dtype=x.dtype, device=x.device) if residual is not None else None
     rstd = torch.empty(M, dtype=torch.float32, device=x.device)
@@ -507,7 +560,7 @@ def norm_fwd(x, residual, weight, bias, eps, layernorm: bool):
         y, h if h is not None else _placeholder(x, x.dtype, 2, "h"),
         mean if mean is not None else _placeholder(x, torch.float32, 1, "mean"), rstd, float(eps),
         layernorm, weight is not None, bias is not None, residual is not None, p.rows, p.width, p.wide,
-        t.tma_load, t.tma_store, t.latency,
+        t.tma_load, t.tma_store, t.latency, hr,
     )  # fmt: skip
     _launch(_kernel(_fwd_kernel, t), (forward_programs(M, p, sm_count(x.device), t), 1, 1), args)
     return y, h, mean, rstd
@@ -522,11 +575,13 @@ def _pad16(n: int, itemsize: int) -> int:
 
 
 def norm_bwd(dy, dres, x, weight, mean, rstd, layernorm: bool):
-    """(dx, dw or None, db or None); dw and db in the weight's dtype (x's when there is none)."""
-    M, N = x.shape
+    """(dx, dw or None, db or None); dw and db in the weight's dtype (x's when there is none); dy,
+    dres and x (M, N) rows or (T, H, N) views."""
+    N = x.shape[-1]
+    M = x.numel() // N
     _check_index_range(x, dy, dres)
     t = _tuning("bwd", N, layernorm, dres is not None, x.device)
-    p = plan("bwd", M, N, t)
+    (dy, x, dres), p, hr = _as_rows((dy, x, dres), N, plan("bwd", M, N, t))
     slices = p.pieces
     has_weight = weight is not None
     dx = torch.empty((M, N), dtype=x.dtype, device=x.device)
@@ -542,14 +597,14 @@ def norm_bwd(dy, dres, x, weight, mean, rstd, layernorm: bool):
         row_sums = torch.empty((2, M, slices), dtype=torch.float32, device=x.device)
         _launch(
             _bwd_row_sums_kernel, (_grid_rows(M, p), slices, 1),
-            (dy, x, w, mean, row_sums, layernorm, has_weight, p.rows, p.width, t.tma_load, t.latency),
+            (dy, x, w, mean, row_sums, layernorm, has_weight, p.rows, p.width, t.tma_load, t.latency, hr),
         )  # fmt: skip
     dw_partial = partials[0] if has_weight else _placeholder(x, torch.float32, 2, "dw_partial")
     db_partial = partials[n_sums - 1] if layernorm else _placeholder(x, torch.float32, 2, "db_partial")
     args = (
         dy, x, w, mean, rstd, dres if dres is not None else _placeholder(x, x.dtype, 2, "dres"), row_sums, dx,
         dw_partial, db_partial, layernorm, has_weight, dres is not None, p.rows, p.width, slices, next_pow2(slices),
-        t.tma_load, t.tma_store, t.latency, t.acc_rows,
+        t.tma_load, t.tma_store, t.latency, t.acc_rows, hr,
     )  # fmt: skip
     _launch(_kernel(_bwd_kernel, t), (groups, slices, 1), args)
     if not n_sums:

@@ -3,10 +3,16 @@ the widths kept in one tile) timed on the sweep's bytes, bf16, against the plan'
 
     python tools/experiments/cutile-tuning/explore.py fwd|bwd OUT [BUDGET_S]
     python tools/experiments/cutile-tuning/explore.py grid-fwd|grid-bwd OUT [BUDGET_S]
+    python tools/experiments/cutile-tuning/explore.py wide-fwd|odd-fwd|odd-bwd OUT [BUDGET_S]
 
 ``fwd`` / ``bwd``: the search below. ``grid-*``: the second round, a fixed grid over the knobs the
 search found to matter (the worker warps, occupancy, tile rows, TMA stores), on the sweep's, the
 between set's and two small widths, to choose rules per range of N that hold between the points.
+``wide-fwd``: the chunked forward (rows too wide for one tile), whose second pass reads the row
+again: fewer programs per SM (fewer rows in flight, so that the second read may come from L2) and
+wider chunks, crossed with the worker warps and occupancy, at the widest bucket's widths and at
+LayerNorm's 24576 and 32768 (chunked or whole). ``odd-*``: the odd width 4001 (rows without
+16-byte strides, which TMA cannot take) under the hints that could matter there.
 
 Stage 1 is a grid over the knobs expected to matter most; stage 2 tries the hints around each
 point's stage-1 best. Each stage compiles its candidates first in parallel processes (cuTile's
@@ -72,7 +78,43 @@ def grid(direction: str, n: int) -> list[dict]:
     return out
 
 
-def main_grid(direction: str, out_dir: str, budget_s: float):
+N_WIDE = (49152, 65536, 131072, 262144)
+
+
+def wide(n: int) -> list[dict]:
+    """The chunked forward's candidates at width n; the widths kept whole matter only to n = 32768."""
+    rows_max = (16384, 32768) if n <= 32768 else (32768,)
+    out = []
+    for rmax, progs, chunk, ww, occ in itertools.product(rows_max, (1, 2, 4), (4096, 8192), (0, 4, 8), (0, 1, 2)):
+        out.append({"fwd_tile_elements": 4096, "fwd_row_max": rmax, "fwd_chunk": chunk, "fwd_programs_per_sm": progs,
+                    "tma_load": True, "tma_store": False, "worker_warps": ww, "occupancy": occ})  # fmt: skip
+    return out
+
+
+def odd(direction: str) -> list[dict]:
+    """Candidates at N = 4001: TMA asked for or not (it cannot take the rows), tile rows, warps."""
+    out = []
+    for tl, ts, tile, ww in itertools.product((True, False), (True, False), (4096, 16384), (0, 8)):
+        if direction == "fwd":
+            out.append({"fwd_tile_elements": tile, "fwd_programs_per_sm": 4, "tma_load": tl, "tma_store": ts, "worker_warps": ww})
+        else:
+            out.append({"bwd_tile_elements": tile, "programs_per_sm": 2, "acc_rows": True, "tma_load": tl, "tma_store": ts,
+                        "worker_warps": ww})  # fmt: skip
+    return out
+
+
+def candidates(mode: str, direction: str) -> dict:
+    """{(op, N): tunings} of a grid-like mode; {} first: the defaults."""
+    if mode == "grid":
+        points = [(op, n) for n in N_GRID for op in OPS]
+        return {p: [{}] + grid(direction, p[1]) for p in points}
+    if mode == "wide":
+        points = [(op, n) for n in N_WIDE for op in OPS] + [("layernorm", n) for n in (24576, 32768)]
+        return {p: [{}] + wide(p[1]) for p in points}
+    return {(op, 4001): [{}] + odd(direction) for op in OPS}
+
+
+def main_grid(direction: str, out_dir: str, budget_s: float, mode: str = "grid"):
     import triton
 
     from harness.run.timer import measure_copy_bandwidth
@@ -81,21 +123,39 @@ def main_grid(direction: str, out_dir: str, budget_s: float):
     os.makedirs(out_dir, exist_ok=True)
     os.environ.setdefault("CUDA_TILE_CACHE_DIR", "/tmp/cutile-cache")
     meta = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
-            "commit": os.environ.get("NORMBENCH_COMMIT"), "direction": direction, "mode": "grid",
+            "commit": os.environ.get("NORMBENCH_COMMIT"), "direction": direction, "mode": mode,
             "copy_before": measure_copy_bandwidth(trials=2)}  # fmt: skip
     copy = meta["copy_before"]["tbps"]
-    points = [(op, n) for n in N_GRID for op in OPS]
-    cands = {p: [{}] + grid(direction, p[1]) for p in points}
+    cands = candidates(mode, direction)
+    points = list(cands)
     warm([(op, direction, n, cands[(op, n)]) for op, n in points], workers=14)
     k = kernels()
+    best = {}
     with open(os.path.join(out_dir, "results.jsonl"), "w") as f:
         for op, n in points:
-            if time.time() - t0 > budget_s:
+            if time.time() - t0 > budget_s * (1.0 if mode == "grid" else 0.8):
                 meta.setdefault("skipped", []).append([op, n])
                 continue
-            f.writelines(json.dumps(r) + "\n" for r in time_point(k, op, direction, n, cands[(op, n)], "grid", copy))
+            recs = time_point(k, op, direction, n, cands[(op, n)], mode, copy)
+            f.writelines(json.dumps(r) + "\n" for r in recs)
             f.flush()
+            ok = [r for r in recs if "ms" in r]
+            if ok:
+                best[(op, n)] = min(ok, key=lambda r: r["ms"][0])
             print("done", op, n, round(time.time() - t0), flush=True)
+        if mode != "grid":  # the best against the table's own entry, alternating
+            from dataclasses import asdict
+
+            from impls.cutile import configs
+
+            for (op, n), b in best.items():
+                if time.time() - t0 > budget_s:
+                    break
+                table = asdict(configs.choose(op, direction, n, torch.device("cuda")))
+                rep = repeat_point(k, op, direction, n, b["tuning"], table, copy)
+                f.write(json.dumps({**rep, "base": "table"}) + "\n")
+                f.flush()
+                print("repeat", op, n, rep["default_frac"], "->", rep["best_frac"], rep["best_ms"], b["tuning"], flush=True)
     meta["copy_after"] = measure_copy_bandwidth(trials=2)
     meta["time_s"] = round(time.time() - t0, 1)
     with open(os.path.join(out_dir, "meta.json"), "w") as fm:
@@ -230,8 +290,6 @@ def main(direction: str, out_dir: str, budget_s: float):
 
 def _search(k, direction, points, cands, copy, budget_s, t0, meta, f):
     """Stage 1 at every point, stage 2 around each point's best, then the repeats; records to ``f``."""
-    from harness.spec.roofline import bytes_moved
-
     best = {}
     for op, n in points:
         if time.time() - t0 > budget_s * 0.55:
@@ -263,24 +321,34 @@ def _search(k, direction, points, cands, copy, budget_s, t0, meta, f):
     for (op, n), b in best.items():
         if time.time() - t0 > budget_s:
             break
-        nbytes = bytes_moved(op, direction, ELEMS // n, n, 2).main
-        case = case_of(op, direction, n)
-        rep = {"op": op, "direction": direction, "N": n, "stage": "repeat", "best": b["tuning"], "best_ms": [], "default_ms": []}
-        for _ in range(2):
-            rep["best_ms"].append(round(timed_under(k, op, direction, case, b["tuning"]), 5))
-            rep["default_ms"].append(round(timed_under(k, op, direction, case, {}), 5))
-        rep["best_frac"] = round(nbytes / (min(rep["best_ms"]) * 1e-3) / 1e12 / copy, 4)
-        rep["default_frac"] = round(nbytes / (min(rep["default_ms"]) * 1e-3) / 1e12 / copy, 4)
+        rep = repeat_point(k, op, direction, n, b["tuning"], {}, copy)
         f.write(json.dumps(rep) + "\n")
         f.flush()
         print("repeat", op, n, rep["default_frac"], "->", rep["best_frac"], rep["best_ms"], b["tuning"], flush=True)
-        del case
-        torch.cuda.empty_cache()
+
+
+def repeat_point(k, op, direction, n, best: dict, base: dict, copy) -> dict:
+    """``best`` and ``base`` (the defaults, or the table's entry) timed twice more each, alternating."""
+    from harness.spec.roofline import bytes_moved
+
+    nbytes = bytes_moved(op, direction, ELEMS // n, n, 2).main
+    case = case_of(op, direction, n)
+    rep = {"op": op, "direction": direction, "N": n, "stage": "repeat", "best": best, "best_ms": [], "default_ms": []}
+    if base:
+        rep["base_tuning"] = base
+    for _ in range(2):
+        rep["best_ms"].append(round(timed_under(k, op, direction, case, best), 5))
+        rep["default_ms"].append(round(timed_under(k, op, direction, case, base), 5))
+    rep["best_frac"] = round(nbytes / (min(rep["best_ms"]) * 1e-3) / 1e12 / copy, 4)
+    rep["default_frac"] = round(nbytes / (min(rep["default_ms"]) * 1e-3) / 1e12 / copy, 4)
+    del case
+    torch.cuda.empty_cache()
+    return rep
 
 
 if __name__ == "__main__":
     mode, out, budget = sys.argv[1], sys.argv[2], float(sys.argv[3]) if len(sys.argv) > 3 else 480
-    if mode.startswith("grid-"):
-        main_grid(mode[len("grid-"):], out, budget)
+    if mode.split("-")[0] in ("grid", "wide", "odd"):
+        main_grid(mode.split("-")[1], out, budget, mode.split("-")[0])
     else:
         main(mode, out, budget)
