@@ -1,12 +1,14 @@
 """The cuTile table (impls/cutile/configs.json) from the grid runs of explore.py.
 
-    python tools/experiments/cutile-tuning/pick.py GPU_NAME GRID_FWD.jsonl GRID_BWD.jsonl
+    python tools/experiments/cutile-tuning/pick.py GPU_NAME GRID_FWD.jsonl GRID_BWD.jsonl [LATER.jsonl ...]
 
 Per (op, direction) and N bucket (the tile's width, next_pow2(N); 65536 stands for every wider row),
 the grid candidate whose worst ratio to the best candidate over the bucket's measured widths is the
 highest: a rule that holds between the points, not the winner of one. The heuristic (a GPU with no
 table of its architecture) is the one candidate per direction with the best worst ratio over every
-op and width. Writes the GPU's entry and the heuristic into impls/cutile/configs.json.
+op and width. LATER runs (``explore.py wide-fwd``: other candidates at fewer widths) replace the
+grid's pick in every (op, direction, bucket) they measured, picked the same way among their own
+candidates. Writes the GPU's entry and the heuristic into impls/cutile/configs.json.
 """
 
 from __future__ import annotations
@@ -103,17 +105,26 @@ def heuristic(entries: dict, direction: str) -> dict:
     return out
 
 
-def main(gpu: str, fwd_path: str, bwd_path: str):
-    fwd, bwd = load(fwd_path), load(bwd_path)
+def direction_of(path: str) -> str:
+    with open(path) as f:
+        return json.loads(f.readline())["direction"]
+
+
+def main(gpu: str, fwd_path: str, bwd_path: str, *later: str):
     table = {}
     if os.path.exists(TABLE):
         with open(TABLE) as f:
             table = json.load(f)
     entries, notes = {}, {}
-    for direction, by in (("fwd", fwd), ("bwd", bwd)):
-        t, nt = pick(by, direction)
+    for direction, path in (("fwd", fwd_path), ("bwd", bwd_path)):
+        t, nt = pick(load(path), direction)
         entries.update(t)
         notes.update(nt)
+    for path in later:
+        t, nt = pick(load(path), direction_of(path))
+        for name, buckets in t.items():
+            entries[name].update(buckets)
+        notes.update({k: {**v, "from": os.path.basename(path)} for k, v in nt.items()})
     table[gpu] = entries
     table["_heuristic"] = {"fwd": heuristic(entries, "fwd"), "bwd": heuristic(entries, "bwd")}
     with open(TABLE, "w") as f:
@@ -124,4 +135,4 @@ def main(gpu: str, fwd_path: str, bwd_path: str):
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:4])
+    main(*sys.argv[1:])
