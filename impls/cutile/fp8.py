@@ -10,9 +10,12 @@ Per row of N elements, in fp32 (x, residual and w upcast right after loading):
 
 Design decisions:
 
-* The tiles are the norm forward's (``plan.py``, ``plan("fwd", M, N)``): a [ROWS, next_pow2(N)]
-  tile while the row fits in one (several narrow rows to a program), else the row walked in
-  chunks of ``FWD_CHUNK`` columns. Loads pad with zeros past N and past M, so a padded column
+* The tiles, the grid and the compiler hints are the norm forward's, from its table (RMSNorm's
+  entry, or add + RMSNorm's, at this width: ``configs.py``): a persistent grid of a few programs
+  per SM, each with a [ROWS, next_pow2(N)] tile while the row fits in one (several narrow rows to a
+  program), else the row walked in chunks. The quantization adds arithmetic and a narrower store
+  to the same loads; on the first version's plan (one program per tile, the compiler's own hints)
+  these kernels ran at 7-16% of the copy bandwidth on an H100. Loads pad with zeros past N and past M, so a padded column
   adds nothing to the sum of squares and has y = 0, which never raises an amax; stores clip to the
   arrays' shapes, so nothing past N or M is written.
 * Scales are (M, N / group) fp32, row-major: the layout the blockwise FP8 GEMMs read (per token:
@@ -21,9 +24,9 @@ Design decisions:
   zero blocks of a padded row, their scale the floor's) the store drops.
 * The 1 x 128 amax: the [ROWS, WIDTH] tile of y reshaped to [ROWS, WIDTH / 128, 128] and reduced
   along its last axis (WIDTH is a power of two >= 128 whenever N is a multiple of 128, and a
-  block never straddles a row or a chunk: FWD_CHUNK is a multiple of 128); q = y * (1 / scale)
-  broadcasts each block's reciprocal over its 128 columns, and the tile goes back to [ROWS, WIDTH]
-  for its store. One ``ct.reshape`` each way; the compiler picks the layouts.
+  block never straddles a row or a chunk: every chunk width is a power of two >= 4096);
+  q = y * (1 / scale) broadcasts each block's reciprocal over its 128 columns, and the tile goes
+  back to [ROWS, WIDTH] for its store. One ``ct.reshape`` each way; the compiler picks the layouts.
 * The conversion: ``ct.astype(v, ct.float8_e4m3fn)`` is Tile IR's ``ftof`` with rounding to
   nearest even. The op has a rounding mode and no saturation attribute, so a clamp to +-448 before
   it states the saturation whatever the lowering does past the largest finite value. On sm_90
@@ -69,16 +72,19 @@ from .kernels import (
     ConstInt,
     _as_rows,
     _check_index_range,
-    _grid_rows,
+    _kernel,
     _launch,
     _ld_rows,
-    _load_row,
+    _load_row_hinted,
     _param,
     _placeholder,
     _rstd,
+    _st,
+    _tuning,
     compile_only,  # noqa: F401  (the tests compile these kernels through it)
+    sm_count,
 )
-from .plan import plan
+from .plan import forward_programs, plan
 
 RN = ct.RoundingMode.RN
 
@@ -105,80 +111,87 @@ def _to_e4m3(v):
     return ct.astype(v, ct.float8_e4m3fn)
 
 
-def _quantize_blocks(y, Q, S, block, chunk, ROWS, WIDTH, GROUP):
+def _quantize_blocks(y, Q, S, block, chunk, ROWS, WIDTH, GROUP, TMA_STORE, LATENCY):
     """q and the scales of a [ROWS, WIDTH] tile of y: column tile ``chunk`` of row block ``block``."""
     blocks = WIDTH // GROUP
     y3 = ct.reshape(y, (ROWS, blocks, GROUP))
     scale, inv = _scale(_amax(y3, 2))
-    ct.store(Q, index=(block, chunk), tile=_to_e4m3(ct.reshape(y3 * inv, (ROWS, WIDTH))))
+    _st(Q, (block, chunk), _to_e4m3(ct.reshape(y3 * inv, (ROWS, WIDTH))), TMA_STORE, LATENCY)
     ct.store(S, index=(block, chunk), tile=ct.reshape(scale, (ROWS, blocks)))
 
 
-def _row_again(X, R, block, chunk, ROWS, BLOCK_N, HEAD_ROWS, HAS_RESIDUAL):
+def _row_again(X, R, block, chunk, ROWS, BLOCK_N, HEAD_ROWS, HAS_RESIDUAL, TMA_LOAD, LATENCY):
     """Pass 2's x, or h from x and the residual again (the same rounding as pass 1's)."""
-    x = _ld_rows(X, block, chunk, ROWS, BLOCK_N, HEAD_ROWS, True, 0)
+    x = _ld_rows(X, block, chunk, ROWS, BLOCK_N, HEAD_ROWS, TMA_LOAD, LATENCY)
     if HAS_RESIDUAL:
-        r = _ld_rows(R, block, chunk, ROWS, BLOCK_N, HEAD_ROWS, True, 0)
+        r = _ld_rows(R, block, chunk, ROWS, BLOCK_N, HEAD_ROWS, TMA_LOAD, LATENCY)
         x = ct.astype(ct.astype(x, ct.float32) + ct.astype(r, ct.float32), X.dtype)
     return ct.astype(x, ct.float32)
 
 
 # ==================================================================================== kernel
-@ct.kernel
 def _fp8_kernel(
     X, R, W, Q, S, H, RSTD, eps,
     HAS_RESIDUAL: ConstBool, HAS_WEIGHT: ConstBool, PER_ROW: ConstBool,
     ROWS: ConstInt, BLOCK_N: ConstInt, CHUNKED: ConstBool, GROUP: ConstInt, HEAD_ROWS: ConstInt,
+    TMA_LOAD: ConstBool, TMA_STORE: ConstBool, LATENCY: ConstInt,
 ):  # fmt: skip
-    """One block of ROWS rows per program: the whole row in one tile (BLOCK_N >= N), or, with
+    """Row blocks of ROWS rows, program p taking blocks p, p + programs, ... (the norm forward's
+    persistent grid and hints, from its table): the whole row in one tile (BLOCK_N >= N), or, with
     CHUNKED, walked twice in chunks of BLOCK_N columns. GROUP: the block of the 1 x 128 scales
-    (read only without PER_ROW). X and R: (M, N) rows or per-head views (``kernels._ld_rows``)."""
-    block = ct.bid(0)
+    (read only without PER_ROW). X and R: (M, N) rows or per-head views (``kernels._ld_rows``).
+    (A kernel through ``kernels._kernel``, which adds the plan's occupancy.)"""
     n = Q.shape[1]
+    n_blocks = ct.cdiv(Q.shape[0], ROWS)
     if not CHUNKED:
-        x = _load_row(X, R, H, block, 0, ROWS, BLOCK_N, HEAD_ROWS, HAS_RESIDUAL)
-        rstd = _rstd(ct.sum(x * x, axis=1, keepdims=True), n, eps)
-        ct.store(RSTD, index=(block,), tile=ct.reshape(rstd, (ROWS,)))
-        y = _weighted(x * rstd, W, 0, BLOCK_N, HAS_WEIGHT)
-        if PER_ROW:
-            scale, inv = _scale(_amax(y, 1))
-            ct.store(Q, index=(block, 0), tile=_to_e4m3(y * inv))
-            ct.store(S, index=(block, 0), tile=scale)
-        else:
-            _quantize_blocks(y, Q, S, block, 0, ROWS, BLOCK_N, GROUP)
-    else:
-        n_chunks = ct.cdiv(n, BLOCK_N)
-        # pass 1: the sum of squares (h stored), and per row the amax of |x * w|
-        sum_sq = ct.zeros((ROWS, BLOCK_N), dtype=ct.float32)
-        amax = ct.zeros((ROWS, BLOCK_N), dtype=ct.float32)  # read only with PER_ROW
-        for c in range(n_chunks):
-            x = _load_row(X, R, H, block, c, ROWS, BLOCK_N, HEAD_ROWS, HAS_RESIDUAL)
-            sum_sq = sum_sq + x * x
+        w = ct.full((BLOCK_N,), 1.0, dtype=ct.float32)
+        if HAS_WEIGHT:
+            w = _param(W, 0, BLOCK_N)  # once per program, not once per row block
+        for block in range(ct.bid(0), n_blocks, ct.num_blocks(0)):
+            x = _load_row_hinted(X, R, H, block, 0, ROWS, BLOCK_N, HEAD_ROWS, HAS_RESIDUAL, TMA_LOAD, TMA_STORE, LATENCY)
+            rstd = _rstd(ct.sum(x * x, axis=1, keepdims=True), n, eps)
+            ct.store(RSTD, index=(block,), tile=ct.reshape(rstd, (ROWS,)))
+            y = x * rstd * w
             if PER_ROW:
-                amax = ct.maximum(amax, ct.abs(_weighted(x, W, c, BLOCK_N, HAS_WEIGHT)), propagate_nan=True)
-        rstd = _rstd(ct.sum(sum_sq, axis=1, keepdims=True), n, eps)
-        ct.store(RSTD, index=(block,), tile=ct.reshape(rstd, (ROWS,)))
-        if PER_ROW:
-            # rstd > 0 scales the amax of |x * w| to that of |y|
-            scale, inv = _scale(ct.max(amax, axis=1, keepdims=True, propagate_nan=True) * rstd)
-            ct.store(S, index=(block, 0), tile=scale)
-        # pass 2, last chunk first (still in L2): y, q and the blocks' scales
-        for i in range(n_chunks):
-            c = n_chunks - 1 - i
-            y = _weighted(_row_again(X, R, block, c, ROWS, BLOCK_N, HEAD_ROWS, HAS_RESIDUAL) * rstd, W, c, BLOCK_N, HAS_WEIGHT)
-            if PER_ROW:
-                ct.store(Q, index=(block, c), tile=_to_e4m3(y * inv))
+                scale, inv = _scale(_amax(y, 1))
+                _st(Q, (block, 0), _to_e4m3(y * inv), TMA_STORE, LATENCY)
+                ct.store(S, index=(block, 0), tile=scale)
             else:
-                _quantize_blocks(y, Q, S, block, c, ROWS, BLOCK_N, GROUP)
+                _quantize_blocks(y, Q, S, block, 0, ROWS, BLOCK_N, GROUP, TMA_STORE, LATENCY)
+    else:
+        for block in range(ct.bid(0), n_blocks, ct.num_blocks(0)):
+            n_chunks = ct.cdiv(n, BLOCK_N)
+            sum_sq = ct.zeros((ROWS, BLOCK_N), dtype=ct.float32)
+            amax = ct.zeros((ROWS, BLOCK_N), dtype=ct.float32)  # read only with PER_ROW
+            for c in range(n_chunks):
+                x = _load_row_hinted(X, R, H, block, c, ROWS, BLOCK_N, HEAD_ROWS, HAS_RESIDUAL, TMA_LOAD, TMA_STORE,
+                                     LATENCY)  # fmt: skip
+                sum_sq = sum_sq + x * x
+                if PER_ROW:
+                    amax = ct.maximum(amax, ct.abs(_weighted(x, W, c, BLOCK_N, HAS_WEIGHT)), propagate_nan=True)
+            rstd = _rstd(ct.sum(sum_sq, axis=1, keepdims=True), n, eps)
+            ct.store(RSTD, index=(block,), tile=ct.reshape(rstd, (ROWS,)))
+            scale, inv = _scale(ct.max(amax, axis=1, keepdims=True, propagate_nan=True) * rstd)
+            if PER_ROW:
+                ct.store(S, index=(block, 0), tile=scale)
+            for i in range(n_chunks):
+                c = n_chunks - 1 - i
+                x = _row_again(X, R, block, c, ROWS, BLOCK_N, HEAD_ROWS, HAS_RESIDUAL, TMA_LOAD, LATENCY)
+                y = _weighted(x * rstd, W, c, BLOCK_N, HAS_WEIGHT)
+                if PER_ROW:
+                    _st(Q, (block, c), _to_e4m3(y * inv), TMA_STORE, LATENCY)
+                else:
+                    _quantize_blocks(y, Q, S, block, c, ROWS, BLOCK_N, GROUP, TMA_STORE, LATENCY)
 
 
-# ============================================================================== host
 def _fp8_fwd(x, residual, weight, eps, group):
-    """(q, scale, h or None, rstd); x and the residual (M, N) rows or (T, H, N) views."""
+    """(q, scale, h or None, rstd); x and the residual (M, N) rows or (T, H, N) views. The tiles, grid
+    and hints are the norm forward's table entry at this width (RMSNorm's, or add + RMSNorm's)."""
     N = x.shape[-1]
     M = x.numel() // N
     _check_index_range(x, residual)
-    (x, residual), p, hr = _as_rows((x, residual), N, plan("fwd", M, N))
+    t = _tuning("fwd", N, False, residual is not None, x.device)
+    (x, residual), p, hr = _as_rows((x, residual), N, plan("fwd", M, N, t))
     q = torch.empty((M, N), dtype=FP8_DTYPE, device=x.device)
     scale = torch.empty((M, N // group), dtype=torch.float32, device=x.device)
     rstd = torch.empty(M, dtype=torch.float32, device=x.device)
@@ -188,8 +201,9 @@ def _fp8_fwd(x, residual, weight, eps, group):
         weight if weight is not None else _placeholder(x, x.dtype, 1, "weight"), q, scale,
         h if h is not None else _placeholder(x, x.dtype, 2, "h"), rstd, float(eps),
         residual is not None, weight is not None, group == N, p.rows, p.width, p.wide, GROUP_BLOCK, hr,
+        t.tma_load, t.tma_store, t.latency,
     )  # fmt: skip
-    _launch(_fp8_kernel, (_grid_rows(M, p), 1, 1), args)
+    _launch(_kernel(_fp8_kernel, t), (forward_programs(M, p, sm_count(x.device), t), 1, 1), args)
     return q, scale, h, rstd
 
 

@@ -20,8 +20,7 @@ every dimension must be a power of two, the grid, and the hints the compiler tak
   worker warps. Measured, these moved the same kernels by tens of points, differently per op
   and width (docs/kernels/cutile.md), hence a table rather than constants.
 
-The module's constants are the first version's plan, which ``Tuning()`` keeps as its defaults (the
-FP8-output kernels still run on them).
+The module's constants are the first version's plan, which ``Tuning()`` keeps as its defaults.
 """
 
 from __future__ import annotations
