@@ -162,16 +162,17 @@ def _fp8_kernel(
         for block in range(ct.bid(0), n_blocks, ct.num_blocks(0)):
             n_chunks = ct.cdiv(n, BLOCK_N)
             sum_sq = ct.zeros((ROWS, BLOCK_N), dtype=ct.float32)
-            amax = ct.zeros((ROWS, BLOCK_N), dtype=ct.float32)  # read only with PER_ROW
+            # reduced per chunk: a [ROWS, BLOCK_N] running max beside sum_sq spilled at 8192-wide chunks
+            amax = ct.zeros((ROWS, 1), dtype=ct.float32)  # read only with PER_ROW
             for c in range(n_chunks):
                 x = _load_row_hinted(X, R, H, block, c, ROWS, BLOCK_N, HEAD_ROWS, HAS_RESIDUAL, TMA_LOAD, TMA_STORE,
                                      LATENCY)  # fmt: skip
                 sum_sq = sum_sq + x * x
                 if PER_ROW:
-                    amax = ct.maximum(amax, ct.abs(_weighted(x, W, c, BLOCK_N, HAS_WEIGHT)), propagate_nan=True)
+                    amax = ct.maximum(amax, _amax(_weighted(x, W, c, BLOCK_N, HAS_WEIGHT), 1), propagate_nan=True)
             rstd = _rstd(ct.sum(sum_sq, axis=1, keepdims=True), n, eps)
             ct.store(RSTD, index=(block,), tile=ct.reshape(rstd, (ROWS,)))
-            scale, inv = _scale(ct.max(amax, axis=1, keepdims=True, propagate_nan=True) * rstd)
+            scale, inv = _scale(amax * rstd)
             if PER_ROW:
                 ct.store(S, index=(block, 0), tile=scale)
             for i in range(n_chunks):

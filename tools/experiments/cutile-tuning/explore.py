@@ -3,7 +3,7 @@ the widths kept in one tile) timed on the sweep's bytes, bf16, against the plan'
 
     python tools/experiments/cutile-tuning/explore.py fwd|bwd OUT [BUDGET_S]
     python tools/experiments/cutile-tuning/explore.py grid-fwd|grid-bwd OUT [BUDGET_S]
-    python tools/experiments/cutile-tuning/explore.py wide-fwd|odd-fwd|odd-bwd OUT [BUDGET_S]
+    python tools/experiments/cutile-tuning/explore.py wide-fwd|odd-fwd|odd-bwd|fp8wide-fwd OUT [BUDGET_S]
 
 ``fwd`` / ``bwd``: the search below. ``grid-*``: the second round, a fixed grid over the knobs the
 search found to matter (the worker warps, occupancy, tile rows, TMA stores), on the sweep's, the
@@ -12,7 +12,9 @@ between set's and two small widths, to choose rules per range of N that hold bet
 again: fewer programs per SM (fewer rows in flight, so that the second read may come from L2) and
 wider chunks, crossed with the worker warps and occupancy, at the widest bucket's widths and at
 LayerNorm's 24576 and 32768 (chunked or whole). ``odd-*``: the odd width 4001 (rows without
-16-byte strides, which TMA cannot take) under the hints that could matter there.
+16-byte strides, which TMA cannot take) under the hints that could matter there. ``fp8wide-fwd``:
+the FP8-output kernels' chunked rows (they take the norm forward's table entry), chunk x grid x
+worker warps.
 
 Stage 1 is a grid over the knobs expected to matter most; stage 2 tries the hints around each
 point's stage-1 best. Each stage compiles its candidates first in parallel processes (cuTile's
@@ -103,8 +105,21 @@ def odd(direction: str) -> list[dict]:
     return out
 
 
+def fp8_wide() -> list[dict]:
+    """The FP8 kernels' chunked rows: the chunk (its registers hold a sum-of-squares tile) crossed with
+    the grid and the worker warps."""
+    out = []
+    for chunk, progs, ww in itertools.product((4096, 8192), (1, 2, 4), (0, 4, 8)):
+        out.append({"fwd_tile_elements": 4096, "fwd_row_max": 32768, "fwd_chunk": chunk, "fwd_programs_per_sm": progs,
+                    "tma_load": True, "tma_store": False, "worker_warps": ww})  # fmt: skip
+    return out
+
+
 def candidates(mode: str, direction: str) -> dict:
     """{(op, N): tunings} of a grid-like mode; {} first: the defaults."""
+    if mode == "fp8wide":
+        fp8 = ("rmsnorm_fp8_token", "rmsnorm_fp8_g128", "add_rmsnorm_fp8_token", "add_rmsnorm_fp8_g128")
+        return {(op, n): [{}] + fp8_wide() for n in N_WIDE for op in fp8}
     if mode == "grid":
         points = [(op, n) for n in N_GRID for op in OPS]
         return {p: [{}] + grid(direction, p[1]) for p in points}
@@ -151,7 +166,8 @@ def main_grid(direction: str, out_dir: str, budget_s: float, mode: str = "grid")
             for (op, n), b in best.items():
                 if time.time() - t0 > budget_s:
                     break
-                table = asdict(configs.choose(op, direction, n, torch.device("cuda")))
+                norm = ("add_rmsnorm" if op.startswith("add_") else "rmsnorm") if "fp8" in op else op  # the entry FP8 takes
+                table = asdict(configs.choose(norm, direction, n, torch.device("cuda")))
                 rep = repeat_point(k, op, direction, n, b["tuning"], table, copy)
                 f.write(json.dumps({**rep, "base": "table"}) + "\n")
                 f.flush()
@@ -348,7 +364,7 @@ def repeat_point(k, op, direction, n, best: dict, base: dict, copy) -> dict:
 
 if __name__ == "__main__":
     mode, out, budget = sys.argv[1], sys.argv[2], float(sys.argv[3]) if len(sys.argv) > 3 else 480
-    if mode.split("-")[0] in ("grid", "wide", "odd"):
+    if mode.split("-")[0] in ("grid", "wide", "odd", "fp8wide"):
         main_grid(mode.split("-")[1], out, budget, mode.split("-")[0])
     else:
         main(mode, out, budget)
