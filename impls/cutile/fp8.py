@@ -62,11 +62,14 @@ The launches go through ``kernels._launch``, so ``kernels.compile_only`` compile
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import cuda.tile as ct
 import torch
 
 from harness.spec.fp8 import AMAX_FLOOR, E4M3_MAX, FP8_DTYPE, GROUP_BLOCK, contract_functions
 
+from . import plan as _plan_module
 from .kernels import (
     ConstBool,
     ConstInt,
@@ -87,6 +90,11 @@ from .kernels import (
 from .plan import forward_programs, plan
 
 RN = ct.RoundingMode.RN
+# Rows walked in chunks take this rather than the norm forward's entry: searched on an H100 over chunk
+# x programs per SM x worker warps at N = 49152-262144 (docs/kernels/cutile.md), the one rule within
+# 8% of each point's best (the norm's entries fell to 23% for RMSNorm's 1 x 128 scales at 65536).
+CHUNKED_TUNING = {"fwd_chunk": 4096, "fwd_programs_per_sm": 4, "worker_warps": 8, "occupancy": 0, "latency": 0,
+                  "tma_load": True, "tma_store": False}  # fmt: skip
 
 
 # ========================================================================== device functions
@@ -192,6 +200,8 @@ def _fp8_fwd(x, residual, weight, eps, group):
     M = x.numel() // N
     _check_index_range(x, residual)
     t = _tuning("fwd", N, False, residual is not None, x.device)
+    if plan("fwd", M, N, t).wide and _plan_module.TUNING is None:
+        t = replace(t, **CHUNKED_TUNING)
     (x, residual), p, hr = _as_rows((x, residual), N, plan("fwd", M, N, t))
     q = torch.empty((M, N), dtype=FP8_DTYPE, device=x.device)
     scale = torch.empty((M, N // group), dtype=torch.float32, device=x.device)
