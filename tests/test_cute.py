@@ -857,8 +857,9 @@ def test_fp8_against_the_exact_checker(dtype, weights):
 @pytest.mark.parametrize("n", [256, 4096, 16384, 65536])
 def test_fp8_add_is_the_norm_of_residual_out_and_misaligned_rows_match(n):
     """add_rmsnorm_fp8's q, scales and rstd are rmsnorm_fp8's on residual_out, to the bit; rows
-    whose vectors are too narrow for lane-group blocks (a view 2 elements off) are copied, and give
-    what the contiguous rows give."""
+    whose vectors are too narrow for lane-group blocks (a view 2 elements off) pass the exact
+    checker, and where the 1 x 128 blocks do not fit a warp at those vectors (every N here but 256,
+    whose rows span few enough lanes) they are copied and give what the contiguous rows give."""
     k = _kernels()
     g = torch.Generator(device="cuda").manual_seed(6)
     x = torch.randn(300, n, device="cuda", generator=g).to(BF16)
@@ -876,7 +877,10 @@ def test_fp8_add_is_the_norm_of_residual_out_and_misaligned_rows_match(n):
         wide[:, 2:] = case["x"]
         case["x"] = wide[:, 2:]  # a 4-byte pointer: 2-element vectors
         _assert_all(_check_tensors(k, op, "fwd", case))
-        if op.endswith("g128"):  # copied: the contiguous rows' kernel, the same bits
+        vec = P.vector_width(n, BF16, case["x"], case["weight"])
+        key = F8.kernel_key("rmsnorm_fp8", BF16, n, vec, case["weight"].dtype, False, False)
+        assert F8.blocks_fit(key[-1]) == (n == 256), (n, vec)
+        if op.endswith("g128") and n != 256:  # copied: the contiguous rows' kernel, the same bits
             shifted = k.rmsnorm_fp8_fwd(case["x"], case["weight"], case["eps"], GROUP_BLOCK)
             plain = k.rmsnorm_fp8_fwd(case["x"].contiguous(), case["weight"], case["eps"], GROUP_BLOCK)
             assert all(torch.equal(a.float(), b.float()) for a, b in zip(shifted, plain))
