@@ -104,3 +104,22 @@ def assert_overflowed_rows_are_nan(k, op: str, n: int, device: str) -> None:
     for name, t in (("y", y), ("dx", dx)):
         assert not torch.isfinite(t[1]).any(), f"{name}: an overflowed row came back finite"
         assert torch.isfinite(t[[0, 2]]).all(), f"{name}: a row beside the overflowed one is not finite"
+
+
+def assert_views_pass(impl: str, shapes, dtype: str) -> None:
+    """Every op of ``impl`` over per-head views, through the harness (which hands the views over as
+    they are): forward and backward against fp64, the FP8 ops against the exact checker."""
+    from harness.registry import get
+    from harness.run.checker import run_check
+    from harness.spec.ops import OPS, get_op
+
+    failures = []
+    for op in get(impl).ops:
+        for shape in shapes:
+            if get_op(op).unsupported(shape.n):
+                continue
+            for direction in OPS[op].directions:
+                r = run_check(get(impl), op, direction, shape, dtype, "cuda")
+                if not r.passed:
+                    failures.append(f"{op} {direction} {shape.label}: {r.status} {r.summary()}")
+    assert not failures, "\n".join(failures)

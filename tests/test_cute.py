@@ -32,6 +32,8 @@ from impls.cute import fp8 as F8  # noqa: E402
 from impls.cute import kernels as K  # noqa: E402
 from impls.cute import plan as P  # noqa: E402
 
+from .gpu_only_dsl import assert_views_pass  # noqa: E402
+
 BF16, FP16, FP32 = torch.bfloat16, torch.float16, torch.float32
 # every N of the CPU shape sets (smoke and edge), plus the widest row (a 16-CTA cluster)
 CPU_N = sorted({s.n for name in ("smoke", "edge") for s in SHAPE_SETS[name] if s.n > 0} | {262144})
@@ -512,19 +514,7 @@ GPU_VIEWS = [Shape((3, 64, 128), "head-slice-80"), Shape((5, 8, 128), "head-slic
 def test_views_against_the_reference(dtype):
     """Every op over per-head views, through the harness (which hands the views over as they are):
     forward and backward against fp64, the FP8 ops against the exact checker."""
-    from harness.registry import get
-    from harness.spec.ops import OPS, get_op
-
-    failures = []
-    for op in get("cute").ops:
-        for shape in GPU_VIEWS:
-            if get_op(op).unsupported(shape.n):
-                continue
-            for direction in OPS[op].directions:
-                r = run_check(get("cute"), op, direction, shape, dtype, "cuda")
-                if not r.passed:
-                    failures.append(f"{op} {direction} {shape.label}: {r.status} {r.summary()}")
-    assert not failures, "\n".join(failures)
+    assert_views_pass("cute", GPU_VIEWS, dtype)
 
 
 # ---------------------------------------------------------------------------- on the GPU

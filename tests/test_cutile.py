@@ -25,6 +25,7 @@ from .gpu_only_dsl import (
     REGIMES,
     assert_compile_only_launches_nothing,
     assert_overflowed_rows_are_nan,
+    assert_views_pass,
     compiling_or_skip,
     inputs,
 )
@@ -304,19 +305,7 @@ GPU_VIEWS = [Shape((37, 24, 128), "head-slice-40"), Shape((37, 8, 128), "head-sl
 def test_views_against_the_reference(contract, dtype):
     """Every op over per-head views, through the harness (which hands the views over as they are):
     forward and backward against fp64, the FP8 ops against the exact checker."""
-    from harness.registry import get
-    from harness.spec.ops import OPS
-
-    failures = []
-    for op in get("cutile").ops:
-        for shape in GPU_VIEWS:
-            if get_op(op).unsupported(shape.n):
-                continue
-            for direction in OPS[op].directions:
-                r = run_check(get("cutile"), op, direction, shape, dtype, "cuda")
-                if not r.passed:
-                    failures.append(f"{op} {direction} {shape.label}: {r.status} {r.summary()}")
-    assert not failures, "\n".join(failures)
+    assert_views_pass("cutile", GPU_VIEWS, dtype)
 
 
 def _rms_bwd_scales(dy, h, w, rstd, dres):
