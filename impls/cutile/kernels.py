@@ -21,6 +21,13 @@ Design decisions:
   (``ct.load(X, (block, chunk), shape)``) and the compiler spreads them over its threads. Arrays
   carry their shape and strides, so a column slice (row stride > N) is passed as the view it is
   and indexed through its stride: nothing is copied.
+* Per-head views (the contract's ``row_views``): q and k cut from a fused QKV projection are
+  (T, H, N) views with no (M, N) view of their rows. A tile of rows t * H + h is loaded as a
+  [rows / h_r, h_r, N] tile of the 3-D array, h_r heads of one token (all H where a tile spans
+  several tokens), and reshaped to [rows, N]: its row-major order is the contract's, so the
+  statistics and outputs index rows as they do for (M, N) arrays (``_ld_rows``). Tiles are powers
+  of two: where H is not one, a tile takes a power of two dividing H, and below 4 rows the view is
+  copied (``head_rows``).
 * Tile dimensions must be powers of two, N need not be: loads use ``PaddingMode.ZERO``, so the
   columns past N (and the rows past M in the last row block) read as 0 and add nothing to a sum,
   stores drop them, and where a padded 0 would not stay 0 (x - mean in LayerNorm) a column mask
@@ -61,8 +68,8 @@ The host's choices (tile rows, a persistent forward grid, TMA, the compiler's oc
 worker-warp hints; ``plan.Tuning``) come from a table per GPU, op, direction and N bucket
 (``configs.py``): on an H100 they took the same kernels from 20-66% of the copy bandwidth to
 72-96% up to N = 8192. TMA wants row strides of whole 16-byte units, which N = 4001 in bf16 does not
-have: it ran at 13-28% (not profiled; on aligned rows, loads with TMA turned off kept 36-92% of
-the bandwidth of those with it).
+have: it ran at 13-28%, and no host choice tried moved it (TMA on or off for loads and stores,
+tile sizes, worker warps; not profiled).
 
 Without a GPU: cuTile has no CPU interpreter, but ``tileiras`` compiles without one. The tests
 compile every kernel for sm_90 (``compile_only``: the host code below builds the same launches and
@@ -133,11 +140,6 @@ def _load_row_hinted(X, R, H, block, chunk, ROWS, BLOCK_N, HEAD_ROWS, HAS_RESIDU
         x = ct.astype(ct.astype(x, ct.float32) + ct.astype(r, ct.float32), X.dtype)
         _st(H, (block, chunk), x, TMA_STORE, LATENCY)
     return ct.astype(x, ct.float32)
-
-
-def _load_row(X, R, H, block, chunk, ROWS, BLOCK_N, HEAD_ROWS, HAS_RESIDUAL):
-    """``_load_row_hinted`` with the compiler's own choices (the FP8 kernels)."""
-    return _load_row_hinted(X, R, H, block, chunk, ROWS, BLOCK_N, HEAD_ROWS, HAS_RESIDUAL, True, True, 0)
 
 
 def _rstd(sum_sq, n, eps):
