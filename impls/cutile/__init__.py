@@ -12,8 +12,9 @@ IMPLEMENTATIONS = [
             "(chunked two-pass for wide rows), persistent backward with per-program fp32 dweight/dbias "
             "partials summed in a fixed order (column slices for wide rows); tile rows, TMA and the "
             "compiler's occupancy and worker-warp hints pinned per GPU and N bucket; add + RMSNorm through the "
-            "same kernels; fp32 weights beside 16-bit x; NaN where the statistics overflow; FP8 output "
-            "(per token or 1 x 128 blocks) from the same tiles"
+            "same kernels; fp32 weights beside 16-bit x; NaN where the statistics overflow; per-head (T, H, N) "
+            "views read in place as 3-D tiles of whole heads; FP8 output (per token or 1 x 128 blocks) from the "
+            "same tiles and table"
         ),
         ops=("rmsnorm", "layernorm", "add_rmsnorm", *FP8_OPS),
         # the FP8 ops (norm + quantization to float8_e4m3fn, forward only) in a file of their own
@@ -26,6 +27,7 @@ IMPLEMENTATIONS = [
         sources=("impls/cutile/kernels.py", "impls/cutile/plan.py", "impls/cutile/configs.py",
                  "impls/cutile/configs.json", "impls/cutile/fp8.py"),
         hooks={"config_source": "impls.cutile.configs:source"},
+        # per-head (T, H, N) views of a fused QKV tensor read in place (kernels.py: "Per-head views")
         row_views=True,
     )
 ]
