@@ -87,7 +87,7 @@ from .kernels import (
     compile_only,  # noqa: F401  (the tests compile these kernels through it)
     sm_count,
 )
-from .plan import forward_programs, plan
+from .plan import Plan, Tuning, forward_programs, plan
 
 RN = ct.RoundingMode.RN
 # Rows walked in chunks take this rather than the norm forward's entry: searched on an H100 over chunk
@@ -193,16 +193,25 @@ def _fp8_kernel(
                     _quantize_blocks(y, Q, S, block, c, ROWS, BLOCK_N, GROUP, TMA_STORE, LATENCY)
 
 
+def fp8_tuning(m: int, n: int, fused: bool, device) -> tuple[Tuning, Plan]:
+    """(tuning, plan) of an FP8 call on m rows of n: the norm forward's table entry at this width
+    (RMSNorm's, or add + RMSNorm's), ``CHUNKED_TUNING``'s fields where the rows are walked in
+    chunks; an experiment's override (``plan.TUNING``) as it is."""
+    t = _tuning("fwd", n, False, fused, device)
+    p = plan("fwd", m, n, t)
+    if p.wide and _plan_module.TUNING is None:
+        t = replace(t, **CHUNKED_TUNING)
+        p = plan("fwd", m, n, t)
+    return t, p
+
+
 def _fp8_fwd(x, residual, weight, eps, group):
-    """(q, scale, h or None, rstd); x and the residual (M, N) rows or (T, H, N) views. The tiles, grid
-    and hints are the norm forward's table entry at this width (RMSNorm's, or add + RMSNorm's)."""
+    """(q, scale, h or None, rstd); x and the residual (M, N) rows or (T, H, N) views."""
     N = x.shape[-1]
     M = x.numel() // N
     _check_index_range(x, residual)
-    t = _tuning("fwd", N, False, residual is not None, x.device)
-    if plan("fwd", M, N, t).wide and _plan_module.TUNING is None:
-        t = replace(t, **CHUNKED_TUNING)
-    (x, residual), p, hr = _as_rows((x, residual), N, plan("fwd", M, N, t))
+    t, p = fp8_tuning(M, N, residual is not None, x.device)
+    (x, residual), p, hr = _as_rows((x, residual), N, p)
     q = torch.empty((M, N), dtype=FP8_DTYPE, device=x.device)
     scale = torch.empty((M, N // group), dtype=torch.float32, device=x.device)
     rstd = torch.empty(M, dtype=torch.float32, device=x.device)

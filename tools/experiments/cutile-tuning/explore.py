@@ -13,8 +13,9 @@ again: fewer programs per SM (fewer rows in flight, so that the second read may 
 wider chunks, crossed with the worker warps and occupancy, at the widest bucket's widths and at
 LayerNorm's 24576 and 32768 (chunked or whole). ``odd-*``: the odd width 4001 (rows without
 16-byte strides, which TMA cannot take) under the hints that could matter there. ``fp8wide-fwd``:
-the FP8-output kernels' chunked rows (they take the norm forward's table entry), chunk x grid x
-worker warps.
+the FP8-output kernels' chunked rows, chunk x grid x worker warps. The modes after ``grid`` repeat
+each point's best against what the kernels run on by themselves (the table's entry; for FP8,
+``fp8.fp8_tuning``, which was the norm forward's entry when the committed fp8wide run was made).
 
 Stage 1 is a grid over the knobs expected to matter most; stage 2 tries the hints around each
 point's stage-1 best. Each stage compiles its candidates first in parallel processes (cuTile's
@@ -166,8 +167,12 @@ def main_grid(direction: str, out_dir: str, budget_s: float, mode: str = "grid")
             for (op, n), b in best.items():
                 if time.time() - t0 > budget_s:
                     break
-                norm = ("add_rmsnorm" if op.startswith("add_") else "rmsnorm") if "fp8" in op else op  # the entry FP8 takes
-                table = asdict(configs.choose(norm, direction, n, torch.device("cuda")))
+                if "fp8" in op:  # what the FP8 kernels run on by themselves
+                    from impls.cutile.fp8 import fp8_tuning
+
+                    table = asdict(fp8_tuning(ELEMS // n, n, op.startswith("add_"), torch.device("cuda"))[0])
+                else:
+                    table = asdict(configs.choose(op, direction, n, torch.device("cuda")))
                 rep = repeat_point(k, op, direction, n, b["tuning"], table, copy)
                 f.write(json.dumps({**rep, "base": "table"}) + "\n")
                 f.flush()
