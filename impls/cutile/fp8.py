@@ -93,8 +93,8 @@ RN = ct.RoundingMode.RN
 # Rows walked in chunks take this rather than the norm forward's entry: searched on an H100 over chunk
 # x programs per SM x worker warps at N = 49152-262144 (docs/kernels/cutile.md), the one rule within
 # 8% of each point's best (the norm's entries fell to 23% for RMSNorm's 1 x 128 scales at 65536).
-CHUNKED_TUNING = {"fwd_chunk": 4096, "fwd_programs_per_sm": 4, "worker_warps": 8, "occupancy": 0, "latency": 0,
-                  "tma_load": True, "tma_store": False}  # fmt: skip
+CHUNKED_TUNING = {"fwd_chunk": 4096, "fwd_tile_elements": 4096, "fwd_programs_per_sm": 4, "worker_warps": 8,
+                  "occupancy": 0, "latency": 0, "tma_load": True, "tma_store": False}  # fmt: skip
 
 
 # ========================================================================== device functions
