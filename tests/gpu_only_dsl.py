@@ -24,6 +24,11 @@ def inputs(shape, dtype, param_dtype):
     return x, dy, w, b, stat
 
 
+def head_view(t: int, h: int, n: int, p: int, dtype=torch.bfloat16) -> torch.Tensor:
+    """The first h of p heads of a contiguous (T, P, N) tensor, as the per-head sets cut q and k."""
+    return torch.zeros(t, p, n, dtype=dtype)[:, :h]
+
+
 CALLS = {
     ("rmsnorm", "fwd"): lambda k, x, dy, w, b, s: k.rmsnorm_fwd(x, w, 1e-5),
     ("rmsnorm", "bwd"): lambda k, x, dy, w, b, s: k.rmsnorm_bwd(dy, x, w, s),

@@ -32,7 +32,7 @@ from impls.cute import fp8 as F8  # noqa: E402
 from impls.cute import kernels as K  # noqa: E402
 from impls.cute import plan as P  # noqa: E402
 
-from .gpu_only_dsl import assert_views_pass  # noqa: E402
+from .gpu_only_dsl import assert_views_pass, head_view  # noqa: E402
 
 BF16, FP16, FP32 = torch.bfloat16, torch.float16, torch.float32
 # every N of the CPU shape sets (smoke and edge), plus the widest row (a 16-CTA cluster)
@@ -300,19 +300,14 @@ EDGE_VIEWS = [s for s in SHAPE_SETS["edge"] if s.layout.startswith("head-slice-"
 NORM_VARIANTS = VARIANTS + [("add_rmsnorm", "fwd"), ("add_rmsnorm", "bwd")]
 
 
-def _head_view(t: int, h: int, n: int, p: int, dtype=BF16) -> torch.Tensor:
-    """The first h of p heads of a contiguous (T, P, N) tensor, as the per-head sets cut q and k."""
-    return torch.zeros(t, p, n, dtype=dtype)[:, :h]
-
-
 def test_vector_width_takes_a_views_token_and_head_strides():
     base = torch.empty(4096, dtype=BF16)
-    assert P.vector_width(128, BF16, _head_view(4, 8, 128, 48)) == 8
+    assert P.vector_width(128, BF16, head_view(4, 8, 128, 48)) == 8
     assert P.vector_width(96, BF16, base.as_strided((3, 2, 96), (296, 96, 1))) == 8
     assert P.vector_width(96, BF16, base.as_strided((3, 2, 96), (300, 96, 1))) == 4  # the token stride
     assert P.vector_width(96, BF16, base.as_strided((3, 2, 96), (304, 100, 1))) == 4  # the head stride
     assert P.vector_width(96, BF16, base.as_strided((1, 2, 96), (3, 96, 1))) == 8  # one token: no stride
-    assert P.vector_width(1003, BF16, _head_view(4, 2, 1003, 5)) == 1
+    assert P.vector_width(1003, BF16, head_view(4, 2, 1003, 5)) == 1
 
 
 @pytest.mark.parametrize("dtype", [BF16, FP32])
@@ -359,7 +354,7 @@ def test_host_side_passes_views_in_place_and_copies_the_rest():
     (M, N) rows; a 3-D tensor with an (M, N) view (contiguous, like dy) goes as that view."""
     n = 128
     key_of = _forward_key("add_rmsnorm", BF16, n, True)
-    x, res = _head_view(5, 8, n, 48), _head_view(5, 8, n, 48)
+    x, res = head_view(5, 8, n, 48), head_view(5, 8, n, 48)
     key, (x2, r2) = K._planned(key_of, (x, res), n)
     assert x2 is x and r2 is res and key[8:10] == (8, (True, True)) and key[-1].rows_per_cta == 32
     # residual contiguous: (M, N) rows of the same memory beside the view
@@ -367,18 +362,18 @@ def test_host_side_passes_views_in_place_and_copies_the_rest():
     key, (x2, r2) = K._planned(key_of, (x, dense), n)
     assert x2 is x and r2.shape == (40, n) and r2.data_ptr() == dense.data_ptr() and key[8:10] == (8, (True, False))
     # 24 heads: a tile of 32 rows would cross tokens unevenly; 8 rows a CTA instead
-    key, (x2, _) = K._planned(key_of, (_head_view(3, 24, n, 40), None), n)
+    key, (x2, _) = K._planned(key_of, (head_view(3, 24, n, 40), None), n)
     assert x2.dim() == 3 and key[-1].rows_per_cta == 8 and key[-1].num_threads == 32
     # 3 heads of 96: copied, and the key is that of (M, N) rows
     key_of = _forward_key("rmsnorm", BF16, 96, False)
-    x = _head_view(5, 3, 96, 7)
+    x = head_view(5, 3, 96, 7)
     key, (x2, r2) = K._planned(key_of, (x, None), 96)
     assert r2 is None and x2.shape == (15, 96) and x2.is_contiguous() and x2.data_ptr() != x.data_ptr()
     assert key[8:10] == (0, ()) and key == key_of((x2, None), 0, (), 0)
     # (M, N) rows, and a view of one token: no views at all, the usual key
     rows = torch.zeros(6, 96, dtype=BF16)
     assert K._planned(key_of, (rows, None), 96) == (key_of((rows, None), 0, (), 0), (rows, None))
-    key, (x2, _) = K._planned(key_of, (_head_view(1, 3, 96, 7), None), 96)
+    key, (x2, _) = K._planned(key_of, (head_view(1, 3, 96, 7), None), 96)
     assert x2.shape == (3, 96) and key[8:10] == (0, ())
 
 

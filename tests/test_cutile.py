@@ -26,6 +26,7 @@ from .gpu_only_dsl import (
     assert_compile_only_launches_nothing,
     assert_overflowed_rows_are_nan,
     assert_views_pass,
+    head_view,
     compiling_or_skip,
     inputs,
 )
@@ -218,11 +219,6 @@ VIEWS = sorted({(s.dims[1], s.dims[2], int(s.layout.rsplit("-", 1)[1])) for name
                 for s in SHAPE_SETS[name] if s.layout.startswith("head-slice-")}) + [(2, 20001, 3)]  # fmt: skip
 
 
-def _head_view(t: int, h: int, n: int, p: int, dtype=torch.bfloat16) -> torch.Tensor:
-    """The first h of p heads of a contiguous (T, P, N) tensor, as the per-head sets cut q and k."""
-    return torch.randn(t, p, n, dtype=dtype)[:, :h, :]
-
-
 @needs_cutile
 def test_head_rows_keep_tiles_within_tokens_or_copy():
     from impls.cutile.kernels import MIN_VIEW_ROWS, head_rows
@@ -242,17 +238,17 @@ def test_host_side_passes_views_in_place_and_copies_the_rest():
     from impls.cutile.plan import Plan
 
     p = Plan(32, 128, 1)
-    x, dy = _head_view(5, 8, 128, 48), torch.randn(5, 8, 128)
+    x, dy = head_view(5, 8, 128, 48), torch.randn(5, 8, 128)
     (x2, dy2, none), p2, hr = _as_rows((x, dy, None), 128, p)
     assert x2 is x and dy2.shape == (5, 8, 128) and dy2.data_ptr() == dy.data_ptr() and none is None
     assert (p2, hr) == (p, 8)  # 4 tokens of 8 heads a tile
-    (x2,), p2, hr = _as_rows((_head_view(3, 24, 128, 40),), 128, p)
+    (x2,), p2, hr = _as_rows((head_view(3, 24, 128, 40),), 128, p)
     assert x2.dim() == 3 and (p2, hr) == (Plan(8, 128, 1), 8)  # 8 rows a tile, within a token
-    (x2, dy2), p2, hr = _as_rows((_head_view(5, 3, 96, 7), torch.randn(5, 3, 96)), 96, Plan(32, 128, 1))
+    (x2, dy2), p2, hr = _as_rows((head_view(5, 3, 96, 7), torch.randn(5, 3, 96)), 96, Plan(32, 128, 1))
     assert x2.shape == dy2.shape == (15, 96) and x2.is_contiguous() and hr == 0  # copied: 3 heads
     (x2,), p2, hr = _as_rows((torch.randn(5, 8, 128),), 128, p)
     assert x2.shape == (40, 128) and hr == 0 and p2 == p  # contiguous: (M, N) rows
-    (x2,), _, hr = _as_rows((_head_view(1, 8, 128, 48),), 128, p)
+    (x2,), _, hr = _as_rows((head_view(1, 8, 128, 48),), 128, p)
     assert x2.shape == (8, 128) and hr == 0  # one token: its heads are rows
 
 
@@ -264,8 +260,8 @@ def test_views_compile_for_sm90(cutile_kernels, h, n, p):
     from impls.cutile import fp8
 
     k = cutile_kernels
-    x, dy, w = _head_view(9, h, n, p), torch.randn(9, h, n).bfloat16(), torch.ones(n)
-    res, rstd, mean = _head_view(9, h, n, p), torch.ones(9 * h), torch.zeros(9 * h)
+    x, dy, w = head_view(9, h, n, p), torch.randn(9, h, n).bfloat16(), torch.ones(n)
+    res, rstd, mean = head_view(9, h, n, p), torch.ones(9 * h), torch.zeros(9 * h)
     calls = [
         ("rmsnorm_fwd", k.rmsnorm_fwd, (x, w, 1e-6)), ("layernorm_fwd", k.layernorm_fwd, (x, w, w, 1e-6)),
         ("add_rmsnorm_fwd", k.add_rmsnorm_fwd, (x, res, w, 1e-6)), ("rmsnorm_bwd", k.rmsnorm_bwd, (dy, x, w, rstd)),
