@@ -80,9 +80,10 @@ for dx, so only the fp32 dweight / dbias accumulators stay in registers across t
 LayerNorm chunks over 16 KB per CTA, dbias accumulates in shared memory). A row's rstd (and
 mean) is loaded one iteration ahead, like the ring: loaded at the top of its own iteration, every
 row waited a DRAM latency on it before its first sum, and with one or two CTAs per SM nothing hid
-that wait. The accumulators are written once per CTA row-slot to an fp32 partial buffer
-(slots, N), summed over the slots by one SlotSum launch (dweight and dbias together) and rounded
-once: no atomics, bit-identical run to run. torch's ``sum(0)`` and cast there had cost a large
+that wait. The accumulators are written once per CTA to an fp32 partial buffer (slots, N)
+(a CTA of several short rows first adds its rows' accumulators in shared memory, in row order),
+summed over the slots by one SlotSum launch (dweight and dbias together) and rounded once: no
+atomics, bit-identical run to run. torch's ``sum(0)`` and cast there had cost a large
 share of the backward's time.
 
 Compilation: one kernel per (op, direction, dtype, N, vec, weight / bias dtypes, residual, the
@@ -690,7 +691,7 @@ class NormBackward:
         mMean: cute.Tensor,  # or None
         mDR: cute.Tensor,  # dresidual_out, or None
         mDX: cute.Tensor,
-        mDWp: cute.Tensor,  # fp32 (groups * rows_per_cta, N) partials of dweight, or None
+        mDWp: cute.Tensor,  # fp32 (groups, N) partials of dweight, or None
         mDBp: cute.Tensor,  # same for dbias, or None
         groups: Int32,  # persistent CTAs (clusters) along grid x
         stream: cuda.CUstream,
@@ -734,6 +735,9 @@ class NormBackward:
         sDB = None
         if const_expr(self.ring.dbias_in_smem):
             sDB = smem.allocate_tensor(Float32, cute.make_ordered_layout(tiler, order=(1, 0)), byte_alignment=16)
+        sFold = None
+        if const_expr(self.ring.fold_bytes > 0):
+            sFold = smem.allocate_tensor(Float32, cute.make_ordered_layout(tiler, order=(1, 0)), byte_alignment=16)
         mbar = None
         if const_expr(L.cluster_n > 1):
             mbar = smem.allocate_array(Int64, num_elems=2)
@@ -849,22 +853,36 @@ class NormBackward:
                     cute.autovec_copy(rDB, tXsDB)
             it += 1
 
-        # One partial row per (CTA, row slot): every column < N of every slot is written.
-        slot_tiler = (L.rows_per_cta, L.chunk)
+        # One partial row per CTA (its share of the row in a cluster): every column < N is written.
         if const_expr(self.ring.dbias_in_smem):
             cute.autovec_copy(tXsDB, rDB)
         for acc, mP in ((rDW, mDWp), (rDB, mDBp)):
             if const_expr(mP is not None):
-                tPgP = st.partition_D(cute.local_tile(mP, slot_tiler, (bidx, rank)))
-                for k in cutlass.range_constexpr(L.vecs_per_thread):
-                    if in_row[0, 0, k]:
-                        cute.autovec_copy(acc[None, None, k], tPgP[None, None, k])
+                if const_expr(sFold is not None):
+                    # Several short rows per CTA: their accumulators are added in shared memory, in
+                    # row order (deterministic), one column per thread. One slot per row slot made
+                    # SlotSum's few CTAs (a 128-wide row has 4) read 16-32x more partials, latency
+                    # bound: more time than the rest of a short backward.
+                    cute.autovec_copy(acc, st.partition_D(sFold))
+                    cute.arch.barrier()
+                    for c in cutlass.range(tidx, L.chunk, L.num_threads, unroll=1):
+                        total = Float32(0.0)
+                        for r in cutlass.range_constexpr(L.rows_per_cta):
+                            total += sFold[r, c]
+                        if c < n:
+                            mP[bidx, c] = total
+                    cute.arch.barrier()
+                else:
+                    tPgP = st.partition_D(cute.local_tile(mP, (1, L.chunk), (bidx, rank)))
+                    for k in cutlass.range_constexpr(L.vecs_per_thread):
+                        if in_row[0, 0, k]:
+                            cute.autovec_copy(acc[None, None, k], tPgP[None, None, k])
 
 
 # ============================================================================ dweight / dbias
 class SlotSum:
     """out[c] = sum over slots s of P[s, c], in fp32, rounded once to out's dtype: the backward's
-    partial rows of dweight (and dbias, the same launch along grid y) summed over its CTA row-slots.
+    partial rows of dweight (and dbias, the same launch along grid y) summed over its CTAs.
 
     torch's ``P.sum(0).to(dtype)`` took a large share of the backward's time: two kernels per
     parameter, each slow on these short, wide matrices. Here one launch sums both: a CTA holds
@@ -1128,7 +1146,7 @@ def _backward(op, dy, x, weight, rstd, mean, dresidual=None):
     if key not in _RESIDENT:
         _RESIDENT[key] = max_resident(fn, kernel, _num_sms(x.device.index or 0))
     groups = max(1, min(_cdiv(m, launch.rows_per_cta), _RESIDENT[key]))
-    slots = groups * launch.rows_per_cta
+    slots = groups  # one partial row per CTA (cluster): a CTA of several rows folds them
     dwp = x.new_empty((slots, n), dtype=torch.float32) if weight is not None else None
     dbp = x.new_empty((slots, n), dtype=torch.float32) if op == "layernorm" else None
     fn(dy, x, weight, rstd, mean, dresidual, dx, dwp, dbp, groups)

@@ -220,24 +220,29 @@ class BackwardRing:
     acc_bytes: int  # shared memory of the dbias accumulator (0 when it lives in registers)
     ctas_per_sm: int  # promised to ptxas (min blocks per SM)
     stages: int
+    fold_bytes: int = 0  # shared memory in which a CTA of several rows folds its accumulators (0: one row)
 
 
 def backward_ring(launch: Launch, elem_bytes: int, op: str, residual: bool = False) -> BackwardRing:
     """The CTA count is promised to ptxas (min blocks per SM), which caps the registers so that many
     CTAs really are resident: the persistent grid is sized by it. A chunk of more than 16 KB leaves
     the LayerNorm backward more fp32 dweight + dbias accumulators than 128 registers hold: dbias
-    then accumulates in shared memory (each thread its own columns, so no barrier)."""
+    then accumulates in shared memory (each thread its own columns, so no barrier). A CTA of several
+    short rows folds its rows' accumulators into one partial row through shared memory at its end
+    (``fold_bytes``), so that SlotSum sums one slot per CTA, not one per row slot."""
     tensors = 3 if residual else 2
     dbias = op == "layernorm" and launch.chunk * elem_bytes > _DBIAS_SMEM_ABOVE_BYTES
     acc = launch.rows_per_cta * launch.chunk * 4 if dbias else 0
+    fold = launch.rows_per_cta * launch.chunk * 4 if launch.rows_per_cta > 1 else 0
+    fixed = acc + fold  # per CTA, beside the ring
     stage_bytes = tensors * launch.rows_per_cta * launch.chunk * elem_bytes
 
     def stages(ctas: int) -> int:
         # fp32 at N = 262144 fits a single stage (128 KB per CTA): correct, but loads do not overlap
-        return max(1, min(_MAX_STAGES, (_SMEM_BUDGET - acc * ctas) // (stage_bytes * ctas)))
+        return max(1, min(_MAX_STAGES, (_SMEM_BUDGET - fixed * ctas) // (stage_bytes * ctas)))
 
     ctas = max(1, _BWD_THREADS_PER_SM // launch.num_threads)
-    while ctas > 1 and (2 * stage_bytes + acc) * ctas > _SMEM_BUDGET:
+    while ctas > 1 and (2 * stage_bytes + fixed) * ctas > _SMEM_BUDGET:
         ctas //= 2
     up = _cdiv(_BWD_THREADS_PER_SM, launch.num_threads)
     if not residual and up > ctas and up * launch.num_threads <= _BWD_ROUNDED_UP_THREADS_MAX and stages(up) == _MAX_STAGES:
@@ -245,7 +250,7 @@ def backward_ring(launch: Launch, elem_bytes: int, op: str, residual: bool = Fal
     depth = stages(ctas)
     if residual and ctas >= 4:
         depth = min(depth, _RESIDUAL_STAGES_AT_4_CTAS)
-    return BackwardRing(tensors, dbias, acc, ctas, depth)
+    return BackwardRing(tensors, dbias, acc, ctas, depth, fold)
 
 
 def _reduction_slots(op: str, direction: str, launch: Launch) -> int:
@@ -268,7 +273,8 @@ def shared_memory_bytes(launch: Launch, elem_bytes: int, op: str, direction: str
         buffers, mbarriers = [row_bytes] * staged + [sbuf], 1
     else:
         ring = backward_ring(L, elem_bytes, op, residual)
-        buffers = [row_bytes * ring.stages] * ring.tensors + [sbuf] + [ring.acc_bytes] * ring.dbias_in_smem
+        buffers = ([row_bytes * ring.stages] * ring.tensors + [sbuf] + [ring.acc_bytes] * ring.dbias_in_smem
+                   + [ring.fold_bytes] * (ring.fold_bytes > 0))
         mbarriers = 2
     offset = 0
     for size in buffers:
