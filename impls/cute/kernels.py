@@ -860,9 +860,9 @@ class NormBackward:
             if const_expr(mP is not None):
                 if const_expr(sFold is not None):
                     # Several short rows per CTA: their accumulators are added in shared memory, in
-                    # row order (deterministic), one column per thread. One slot per row slot made
-                    # SlotSum's few CTAs (a 128-wide row has 4) read 16-32x more partials, latency
-                    # bound: more time than the rest of a short backward.
+                    # row order (deterministic), one column per thread. With a slot per row, SlotSum,
+                    # whose CTAs are few on a short row (4 at N = 128), read 4-32x more partials
+                    # than there are CTAs, latency bound (docs/kernels/cute.md).
                     cute.autovec_copy(acc, st.partition_D(sFold))
                     cute.arch.barrier()
                     for c in cutlass.range(tidx, L.chunk, L.num_threads, unroll=1):
