@@ -241,12 +241,23 @@ def _load_tiles(DY, X, dy_rows, x_rows, row_mask, cols, col_mask):
 
 
 @gluon.jit
-def _bwd_terms(x, dy, W, MEAN, rows, row_mask, cols, col_mask, LAYERNORM: gl.constexpr, HAS_WEIGHT: gl.constexpr):
-    """(x - mean or x, dy, g = dy * w) in fp32 from ``_load_tiles``' tiles; padding lanes hold 0."""
+def _row_stats(MEAN, RSTD, rows, row_mask, LAYERNORM: gl.constexpr):
+    """(mean, rstd) of the rows (mean: rstd's values, unread, without LAYERNORM)."""
+    rstd = gl.load(RSTD + rows, mask=row_mask, other=0.0)
+    if LAYERNORM:
+        mean = gl.load(MEAN + rows, mask=row_mask, other=0.0)
+    else:
+        mean = rstd
+    return mean, rstd
+
+
+@gluon.jit
+def _bwd_terms(x, dy, W, mean, row_mask, cols, col_mask, LAYERNORM: gl.constexpr, HAS_WEIGHT: gl.constexpr):
+    """(x - mean or x, dy, g = dy * w) in fp32 from ``_load_tiles``' tiles and the rows' means;
+    padding lanes hold 0."""
     x = x.to(gl.float32)
     dy = dy.to(gl.float32)
     if LAYERNORM:
-        mean = gl.load(MEAN + rows, mask=row_mask, other=0.0)
         mask = gl.expand_dims(row_mask, 1) & gl.expand_dims(col_mask, 0)
         x = gl.where(mask, x - gl.expand_dims(mean, 1), 0.0)
     g = dy
@@ -270,7 +281,8 @@ def _bwd_row_sums_kernel(
     dy_rows = _starts(rows, stride_dy, hstride_dy, NH, HEADS)
     x_rows = _starts(rows, stride_x, hstride_x, NH, HEADS)
     x, dy = _load_tiles(DY, X, dy_rows, x_rows, row_mask, cols, cols < N)
-    xc, dy, g = _bwd_terms(x, dy, W, MEAN, rows, row_mask, cols, cols < N, LAYERNORM, HAS_WEIGHT)
+    mean = gl.load(MEAN + rows, mask=row_mask, other=0.0) if LAYERNORM else gl.zeros_like(rows.to(gl.float32))
+    xc, dy, g = _bwd_terms(x, dy, W, mean, row_mask, cols, cols < N, LAYERNORM, HAS_WEIGHT)
     at = rows.to(gl.int64) * SLICES + me
     gl.store(ROW_SUMS + at, _sum(g * xc, axis=1), mask=row_mask)
     if LAYERNORM:
@@ -303,23 +315,26 @@ def _bwd_kernel(
     end = gl.minimum(M, last * ROWS)  # rows from here on are the next program's
     # Software pipelining by hand: the next block's x and dy are loaded before this block's math,
     # so that a program always has a block in flight while it computes; they wait in registers
-    # in their storage dtype (for 16-bit x, half the registers of the fp32 math).
+    # in their storage dtype (for 16-bit x, half the registers of the fp32 math). The rows' rstd
+    # (and mean) come with them: loaded in their own iteration, each block would wait a DRAM
+    # latency on them before its sums, LayerNorm's mean even before its first one.
     rows = first * ROWS + gl.arange(0, ROWS, layout=row_layout)
     x_next, dy_next = _load_tiles(
         DY, X, _starts(rows, stride_dy, hstride_dy, NH, HEADS), _starts(rows, stride_x, hstride_x, NH, HEADS),
         rows < end, cols, col_mask,
     )  # fmt: skip
+    mean_next, rstd_next = _row_stats(MEAN, RSTD, rows, rows < end, LAYERNORM)
     for block in range(first, last):
         row_mask = rows < end
         mask = gl.expand_dims(row_mask, 1) & gl.expand_dims(col_mask, 0)
-        x, dy = x_next, dy_next
+        x, dy, mean, rstd = x_next, dy_next, mean_next, rstd_next
         ahead = rows + ROWS
         x_next, dy_next = _load_tiles(
             DY, X, _starts(ahead, stride_dy, hstride_dy, NH, HEADS), _starts(ahead, stride_x, hstride_x, NH, HEADS),
             ahead < end, cols, col_mask,
         )  # fmt: skip
-        xc, dy, g = _bwd_terms(x, dy, W, MEAN, rows, row_mask, cols, col_mask, LAYERNORM, HAS_WEIGHT)
-        rstd = gl.load(RSTD + rows, mask=row_mask, other=0.0)
+        mean_next, rstd_next = _row_stats(MEAN, RSTD, ahead, ahead < end, LAYERNORM)
+        xc, dy, g = _bwd_terms(x, dy, W, mean, row_mask, cols, col_mask, LAYERNORM, HAS_WEIGHT)
         if SLICES == 1:
             sum_gxc = _sum(g * xc, axis=1)
             sum_g = _sum(g, axis=1)
