@@ -80,6 +80,20 @@ def test_small_rows_take_tens_of_rows_per_program():
             assert t.rows * n >= 2 * t.vec * WARP * t.num_warps, (n, direction, t)
 
 
+def test_layernorm_backward_takes_two_rows_a_program_on_8_warp_rows():
+    """LayerNorm's backward of 16-bit rows in a 4096-wide tile (8 warps) moves two rows a program;
+    the RMSNorm kernels' (the fused add's too), fp32 rows and 16-warp tiles keep one."""
+    from impls.gluon.plan import plan
+
+    for n in (2304, 2880, 3072, 3584, 4096):
+        ln, rms = plan("bwd", n, 2, layernorm=True).tile, plan("bwd", n, 2).tile
+        assert (ln.rows, ln.warps) == (2, (2, 8)) and (rms.rows, rms.warps) == (1, (1, 8)), (n, ln, rms)
+        assert plan("bwd", n, 4, layernorm=True).tile.rows == 1
+        assert plan("fwd", n, 2, layernorm=True) == plan("fwd", n, 2)
+    for n in (4001, 5120, 8192):
+        assert plan("bwd", n, 2, layernorm=True).tile.rows == 1
+
+
 def test_resident_programs_count_the_binding_limit():
     from impls.gluon.plan import resident_programs
 

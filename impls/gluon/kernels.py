@@ -537,7 +537,7 @@ def norm_bwd(dy, dres, x, weight, mean, rstd, layernorm: bool):
     """(dx, dw or None, db or None); dw and db in the weight's dtype (x's when there is none). The
     row tensors (M, N) or (T, NH, N) views, dx (M, N)."""
     M, N, heads = _row_shape(x)
-    p: Plan = plan("bwd", N, x.element_size())
+    p: Plan = plan("bwd", N, x.element_size(), layernorm)
     t = p.tile
     slices = p.pieces
     has_weight = weight is not None

@@ -34,6 +34,10 @@ since Volta, not on SM counts or clocks):
   spills 4-52 bytes per thread in a few fp32 / wide LayerNorm cases, an L1-resident cost far below
   the row-sums pass a narrower limit would add): wider rows are walked in chunks
   (forward, two passes over the row, the second from L2) or cut into column slices (backward).
+* LayerNorm's backward on a whole-row tile of 8 warps along N (16-bit rows of 2049-4096 elements
+  in 16-byte vectors) moves two rows a program (``LAYERNORM_BWD_ROWS``): at about 120 registers a
+  thread, two programs of one row each are all an SM holds, and two rows a program measured
+  faster there; not the fused add's (slower), nor at 16 warps (two rows of 32 warps spill).
 * the persistent backward grid is as many programs as the SMs hold at once: kernels.py reads the
   compiled binary's registers and shared memory and counts the programs an SM keeps resident
   (``resident_programs``), so that no program waits for a second wave; without a binary to read
@@ -61,6 +65,8 @@ PROGRAMS_PER_SM = 32
 SMALL_ROW_VECS = 64  # rows of at most this many vectors (1 KB of 16-bit x) take the small-row tile
 LANE_VECS = 2  # small rows: vectors of a row per lane
 THREAD_VECS = {"fwd": 4, "bwd": 2}  # small rows: vectors of x per thread per tile
+# LayerNorm's backward: rows a program on a whole-row tile of this many warps along N, 16-bit x
+LAYERNORM_BWD_ROWS = {8: 2}
 # Narrower vectors: elements of a row per lane (None: one 16-byte vector's worth). Fewer warps per
 # row (more elements per lane) were faster at N = 4001 on an H100 but are not checked on a GPU
 # yet: docs/kernels/gluon.md.
@@ -144,18 +150,19 @@ class Plan:
 _PLANS: dict = {}
 
 
-def plan(direction: str, n: int, elem_size: int) -> Plan:
-    """The launch plan for a row of ``n`` elements of ``elem_size`` bytes (x's dtype), computed once
-    per arguments and rules (the constants above, which experiments and tests change)."""
-    key = (direction, n, elem_size, VECTOR_BYTES, WARP, MAX_WARPS, MIN_WARPS, FWD_ROW_BYTES, BWD_ROW_MAX,
-           FWD_CHUNK, BWD_SLICE, SMALL_ROW_VECS, LANE_VECS, NARROW_ELEMENTS)  # fmt: skip
+def plan(direction: str, n: int, elem_size: int, layernorm: bool = False) -> Plan:
+    """The launch plan for a row of ``n`` elements of ``elem_size`` bytes (x's dtype), of LayerNorm
+    or of the RMSNorm kernels (the fused add's too), computed once per arguments and rules (the
+    constants above, which experiments and tests change)."""
+    key = (direction, n, elem_size, layernorm, VECTOR_BYTES, WARP, MAX_WARPS, MIN_WARPS, FWD_ROW_BYTES, BWD_ROW_MAX,
+           FWD_CHUNK, BWD_SLICE, SMALL_ROW_VECS, LANE_VECS, NARROW_ELEMENTS, tuple(LAYERNORM_BWD_ROWS.items()))  # fmt: skip
     got = _PLANS.get(key)
     if got is None:
-        got = _PLANS[key] = _plan(direction, n, elem_size)
+        got = _PLANS[key] = _plan(direction, n, elem_size, layernorm)
     return got
 
 
-def _plan(direction: str, n: int, elem_size: int) -> Plan:
+def _plan(direction: str, n: int, elem_size: int, layernorm: bool = False) -> Plan:
     if direction not in ("fwd", "bwd"):
         raise ValueError(f"direction must be 'fwd' or 'bwd', got {direction!r}")
     if n < 1:
@@ -163,9 +170,13 @@ def _plan(direction: str, n: int, elem_size: int) -> Plan:
     limit, piece = (FWD_ROW_BYTES // elem_size, FWD_CHUNK) if direction == "fwd" else (BWD_ROW_MAX, BWD_SLICE)
     width = next_pow2(n)
     vec = vector(n, elem_size)
-    if width <= limit:
-        return Plan(tile(width, elem_size, vec, direction), 1)
-    return Plan(tile(piece, elem_size, vec, direction), -(-n // piece))
+    if width > limit:
+        return Plan(tile(piece, elem_size, vec, direction), -(-n // piece))
+    t = tile(width, elem_size, vec, direction)
+    rows = LAYERNORM_BWD_ROWS.get(t.warps[1], 1) if layernorm and direction == "bwd" and elem_size == 2 else 1
+    if rows > 1 and t.rows == 1:
+        t = Tile(t.width, t.vec, t.threads, (t.warps[0] * rows, t.warps[1]), t.reps)
+    return Plan(t, 1)
 
 
 def programs_per_sm(t: Tile) -> int:
