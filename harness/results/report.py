@@ -79,7 +79,7 @@ def markdown(meta: dict, rows: list[dict], rel_plots: str | None = "") -> str:
         lines += _shape_table(rows, op, direction, shape_set, dtype)
         if rel_plots is not None and shape_set in PLOTTED:
             lines += [f"![{op} {direction}]({rel_plots}plot-{op}-{direction}-{dtype}.png)", ""]
-        failed = [r for r in rows if rank.section_of(r) == (op, direction, shape_set, dtype) and r["status"] in ("failed", "error")]
+        failed = [r for r in rank.section_rows(rows, op, direction, shape_set, dtype) if r["status"] in ("failed", "error")]
         if failed:
             lines += ["Failed or crashed points (never ranked):", ""]
             lines += [f"- {r['impl']} {r['shape']}: {r['status']} — {plain_text(r.get('check') or r.get('reason') or '')[:200]}"
@@ -158,7 +158,7 @@ def _copy_line(meta: dict, roof) -> str:
 
 
 def _shape_table(rows, op, direction, shape_set, dtype) -> list[str]:
-    sel = [r for r in rows if rank.section_of(r) == (op, direction, shape_set, dtype)]
+    sel = rank.section_rows(rows, op, direction, shape_set, dtype)
     impls = [r.impl for r in rank.leaderboard(rows, op, direction, shape_set, dtype)]
     shapes = sorted({(r["N"], r["M"], r["shape"]) for r in sel})
     # launch-bound decode shapes read better as time per call than as bandwidth
