@@ -45,7 +45,8 @@ Design decisions:
   per-chunk (mean, sum of squared deviations) pairs (Chan et al.), never E[x^2] - E[x]^2.
   add + RMSNorm's second pass reads the h it stored (from L2) instead of x and the residual.
 * Backward: persistent, each program walking a contiguous range of row blocks (the next block's
-  loads issued before this block's math) and accumulating dw / db over them in fp32 registers;
+  loads, its rows' statistics too, issued before this block's math) and accumulating dw / db over
+  them in fp32 registers; LayerNorm moves two rows a program on 8-warp tiles (``plan.py``);
   each writes one partial row and ``_sum_partials_kernel`` adds them in a fixed order
   (deterministic, no atomics). The grid is as many programs as the SMs hold at once, counted from
   the compiled binary's registers and shared memory (``_resident``): a grid sized by threads alone
