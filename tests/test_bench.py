@@ -551,3 +551,25 @@ def test_a_flushed_graph_times_a_short_copy_near_the_copy_bandwidth_whatever_the
     got = tbps(2 * x.numel(), summarize(trials)["ms"])
     bw = measure_copy_bandwidth(0.5)["tbps"]
     assert 0.5 * bw < got < 1.2 * bw, (got, bw)
+
+
+def test_section_rows_follow_the_rows_they_are_given():
+    """The section index is rebuilt whenever the list holds other rows (another list, an appended
+    row), and callers get their own list."""
+
+    def row(op, dtype="bf16", weights="same"):
+        return {"op": op, "direction": "fwd", "shape_set": "sweep", "dtype": dtype, "weights": weights}
+
+    a = [row("rmsnorm"), row("layernorm"), row("rmsnorm", weights="fp32")]
+    assert rank.section_rows(a, "rmsnorm", "fwd", "sweep", "bf16") == [a[0]]
+    assert rank.section_rows(a, "rmsnorm", "fwd", "sweep", "bf16+fp32") == [a[2]]
+    a.append(row("rmsnorm"))
+    got = rank.section_rows(a, "rmsnorm", "fwd", "sweep", "bf16")
+    assert got == [a[0], a[3]] and got[1] is a[3]
+    got.clear()  # the caller's list, not the index's
+    b = [row("rmsnorm", dtype="fp16")]
+    assert rank.section_rows(b, "rmsnorm", "fwd", "sweep", "bf16") == []
+    assert rank.section_rows(b, "rmsnorm", "fwd", "sweep", "fp16") == [b[0]]
+    assert rank.section_rows(a, "rmsnorm", "fwd", "sweep", "bf16") == [a[0], a[3]]
+    a[3] = row("layernorm")  # another row in the same place
+    assert rank.section_rows(a, "rmsnorm", "fwd", "sweep", "bf16") == [a[0]]
