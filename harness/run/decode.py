@@ -281,18 +281,24 @@ def measure(variants: list[Variant], ids: torch.Tensor, new_tokens: int, path: s
 
 
 def _timing(trials: list[tuple[float, float]], batch: int, new_tokens: int) -> dict:
-    per_token = [max(tn - t1, 0.0) / (new_tokens - 1) * 1e3 for t1, tn in trials]
+    """Per trial (t1, tn): the seconds of a 1-token and of an N-token generate. A token after the
+    first costs (tn - t1) / (N - 1); a trial whose N-token generate was not the slower says only that
+    the run's noise exceeded the decoding (a loaded CPU): it gives no per-token time (``dropped``),
+    never a time of 0."""
+    per_token = [(tn - t1) / (new_tokens - 1) * 1e3 for t1, tn in trials if tn > t1]
     prefill = [t1 * 1e3 for t1, _ in trials]
     whole = [tn * 1e3 for _, tn in trials]
+    dropped = len(trials) - len(per_token)
     if not per_token:
-        return {"per_token_ms": None}
+        return {"per_token_ms": None, "dropped_trials": dropped, "noisy": bool(trials)}
     ms = statistics.median(per_token)
     s = spread(per_token)
     return {
         "per_token_ms": ms,
         "trial_per_token_ms": per_token,
+        "dropped_trials": dropped,
         "spread": s,
-        "noisy": s > NOISY_TRIAL_SPREAD,
+        "noisy": s > NOISY_TRIAL_SPREAD or dropped > 0,
         "tokens_per_s": batch / (ms / 1e3) if ms else None,
         "prefill_ms": statistics.median(prefill),
         "trial_prefill_ms": prefill,
