@@ -289,6 +289,12 @@ def test_decode_timing_drops_a_trial_whose_n_tokens_were_not_the_slower():
     assert t["dropped_trials"] == 1 and t["noisy"] is True and t["tokens_per_s"] == pytest.approx(2 / 1.5e-3)
     none = decode._timing([(0.010, 0.009)], batch=2, new_tokens=8)
     assert none["per_token_ms"] is None and none["dropped_trials"] == 1 and none["noisy"] is True
+    row = {"impl": "eager", "status": "ok", "norms_run_as": decode.IMPL_EAGER, **none}
+    rep = {"arch": "llama", "model_class": "LlamaForCausalLM", "size": "tiny", "dtype": "bf16", "batch": 2, "prompt": 16,
+           "new_tokens": 8, "path": "eager", "device": "cpu", "params": 1e6, "path_detail": "eager", "warmup_generates": 2,
+           "trials": 1, "noisy_above": 0.03, "variants": [row]}  # fmt: skip
+    md = decode.markdown([rep])
+    assert "| – (noisy, 1 trials dropped) |" in md
     clean = decode._timing([(0.002, 0.009), (0.002, 0.009)], batch=1, new_tokens=8)
     assert clean["dropped_trials"] == 0 and clean["noisy"] is False and clean["per_token_ms"] == pytest.approx(1.0)
 

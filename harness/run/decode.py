@@ -431,7 +431,8 @@ def markdown(reps: list[dict]) -> str:
             if row["status"] != "ok":
                 lines.append(f"| {name} | {row['status']}: {row['reason']} | | | | | | | |")
                 continue
-            flags = [f for f, on in (("noisy", row.get("noisy")), ("recompiled", row.get("graphs_compiled_while_timed")),
+            flags = [f for f, on in (("noisy", row.get("noisy")), (f"{row.get('dropped_trials')} trials dropped", row.get("dropped_trials")),
+                                     ("recompiled", row.get("graphs_compiled_while_timed")),
                                      ("not repeatable", row.get("repeatable") is False),
                                      (f"{row.get('cudagraph_skips')} cudagraph skips", row.get("cudagraph_skips")),
                                      (f"{row.get('graph_breaks')} graph breaks", row.get("graph_breaks"))) if on]  # fmt: skip
