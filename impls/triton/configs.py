@@ -20,6 +20,10 @@ A ``Config`` says how a kernel walks the (M, N) input:
   slice this wide of a group of rows (rows too wide for one program's dw/db accumulators).
 * ``row_sums``: sliced backward: the row reductions come from a first kernel over every (row,
   slice) instead of each program streaming the rest of its rows.
+* ``sync``: sliced backward: the programs that share a row block post their slices' row sums to
+  each other through global memory and wait for the rest (one program per SM, so that they are all
+  resident), instead of ``row_sums``' first kernel: x and dy are read once. On the interpreter,
+  whose programs run one after another, it falls back to ``row_sums``.
 * ``prefetch``: backward, whole-row kernel only: load the next row block while computing this one
   (software pipelining by hand; the default). Off, its registers go to a wider row instead.
 * ``acc_rows``: backward, whole-row kernel only: dw/db accumulated per tile row ([rows, N]) and
@@ -79,7 +83,7 @@ BWD_TILE_MAX = 8192
 SMALL_ROWS = 512
 
 
-LATE_DEFAULTS = {"prefetch": True, "acc_rows": False}
+LATE_DEFAULTS = {"prefetch": True, "acc_rows": False, "sync": False}
 
 
 @dataclass(frozen=True)
@@ -95,6 +99,7 @@ class Config:
     exact_n: bool = False
     prefetch: bool = True
     acc_rows: bool = False
+    sync: bool = False
 
     def to_json(self) -> dict:
         """The fields that differ from the defaults of the fields added last (``LATE_DEFAULTS``), so

@@ -340,6 +340,10 @@ def norm_fwd(x, weight, bias, eps, layernorm: bool, config: Config | None = None
 
 
 # =================================================================================== backward
+# Re-reads of the posted row sums a sliced program makes before it gives up on a sibling (see
+# ``_await_sums``): ~2^20 L2 round trips, about a second, far beyond any real wait.
+SPIN_LIMIT = 1 << 20
+
 @triton.jit
 def _row_block_range(M, ROWS: tl.constexpr, worker, workers):
     """Worker ``worker``'s contiguous range of row blocks out of ``workers``: as even as possible
@@ -513,6 +517,38 @@ def _norm_bwd_row_sums_kernel(
         tl.store(ROW_SUMS + (M + rows) * SLICES + me, tl.sum(g, axis=1), mask=row_mask)
 
 
+@triton.jit
+def _publish(SLOTS, slot, value, row_mask):
+    """Post one slice's row sums for its siblings: each fp32 sum in the low half of an int64 slot,
+    bit 32 set as the "posted" flag, in one atomic exchange, so a reader that sees the flag sees
+    the value with it (no fence between a value and its flag to get wrong)."""
+    bits = value.to(tl.uint32, bitcast=True).to(tl.int64)  # zero-extended
+    tl.atomic_xchg(SLOTS + slot, bits | (tl.full(value.shape, 1, tl.int64) << 32), mask=row_mask, sem="relaxed")
+
+
+@triton.jit
+def _await_sums(SLOTS, rows64, SLICES, SLICES_P2: tl.constexpr, row_mask, spin):
+    """The whole rows' sums, once every slice has posted its part: the slots of each row re-read
+    (volatile: from L2, never a stale L1 line) until all carry the flag, then added in slice order,
+    so every sibling gets the same bits and the result is the same run to run. The wait is bounded
+    (``spin`` re-reads; what is left of it comes back, 0 once it ran out, so that a program waits
+    out one bound at most): a sibling that never posts (only if the grid outgrew the resident
+    programs, which the launcher prevents) makes the row's sums NaN, a visibly wrong dx, not a hang."""
+    k = tl.arange(0, SLICES_P2)
+    slots = SLOTS + rows64[:, None] * SLICES + k[None, :]
+    mask = row_mask[:, None] & (k < SLICES)[None, :]
+    posted = tl.full([1, SLICES_P2], 1, tl.int64) << 32  # what padding lanes and masked rows read as
+    v = tl.load(slots, mask=mask, other=posted, volatile=True)
+    tries = 0
+    while (tl.min(tl.min(v >> 32, axis=1), axis=0) == 0) & (tries < spin):
+        v = tl.load(slots, mask=mask, other=posted, volatile=True)
+        tries += 1
+    all_posted = tl.min(tl.min(v >> 32, axis=1), axis=0) != 0
+    value = v.to(tl.int32).to(tl.float32, bitcast=True)  # the low half
+    value = tl.where((v >> 32) == 0, float("nan"), value)
+    return tl.sum(value, axis=1), tl.where(all_posted, spin, 0)
+
+
 @triton.jit(do_not_specialize=["M"])
 def _norm_bwd_slice_kernel(
     DY, X, W, MEAN, RSTD, ROW_SUMS, DRES, DX, DW_PARTIAL, DB_PARTIAL,
@@ -520,13 +556,18 @@ def _norm_bwd_slice_kernel(
     HEADS, stride_dyh, stride_xh, stride_dresh, stride_dxh,
     LAYERNORM: tl.constexpr, HAS_WEIGHT: tl.constexpr, HAS_DRESIDUAL: tl.constexpr,
     ROWS: tl.constexpr, SLICE: tl.constexpr, SLICES: tl.constexpr, SLICES_P2: tl.constexpr,
-    SUMS_GIVEN: tl.constexpr, STREAM: tl.constexpr, VIEWS: tl.constexpr,
+    SUMS_GIVEN: tl.constexpr, STREAM: tl.constexpr, VIEWS: tl.constexpr, SYNC: tl.constexpr,
+    SPIN,
 ):  # fmt: skip
     """The backward for rows too wide for one program's registers. Each program owns one column
     slice of the rows of its row group: dx, and dw / db for its slice, accumulated in registers
     over the group's rows like the row kernel's. The row reductions need the whole row; they come
-    from ``_norm_bwd_row_sums_kernel``'s per-slice sums (``SUMS_GIVEN``), or from the other slices,
-    streamed here in tiles of STREAM columns.
+    from ``_norm_bwd_row_sums_kernel``'s per-slice sums (``SUMS_GIVEN``), from the other slices,
+    streamed here in tiles of STREAM columns, or (``SYNC``) from the siblings themselves: each
+    program posts its slice's sums of a row block to ROW_SUMS (int64 slots, zeroed by the launcher)
+    and waits for the others' before it computes dx. x and dy are then read once, from DRAM (3 units
+    of traffic), and the wait overlaps the next block's loads, issued before it. The siblings must be
+    resident together: the launcher keeps the grid to one program per SM.
 
     Streaming reads every row SLICES times, once from DRAM and then from L2: the SLICES siblings of
     a row group are adjacent program ids, resident together and walking the same rows in step:
@@ -540,6 +581,7 @@ def _norm_bwd_slice_kernel(
     col_mask = cols < N
     dw = tl.zeros([SLICE], dtype=tl.float32)
     db = tl.zeros([SLICE], dtype=tl.float32)
+    spin = SPIN
 
     # the own slice of the next row block is loaded while this one is computed (see the row kernel)
     rows = first * ROWS + tl.arange(0, ROWS)
@@ -554,7 +596,7 @@ def _norm_bwd_slice_kernel(
         rows64 = rows.to(tl.int64)
         rstd = tl.load(RSTD + rows, mask=row_mask, other=0.0)
         mean = tl.load(MEAN + rows, mask=row_mask, other=0.0) if LAYERNORM else tl.zeros([ROWS], dtype=tl.float32)
-        if SUMS_GIVEN:
+        if SUMS_GIVEN and not SYNC:
             # added in slice order, whichever program computed them: deterministic
             k = tl.arange(0, SLICES_P2)
             sums = ROW_SUMS + rows64[:, None] * SLICES + k[None, :]
@@ -562,7 +604,7 @@ def _norm_bwd_slice_kernel(
             sum_gxc = tl.sum(tl.load(sums, mask=sums_mask, other=0.0), axis=1)
             if LAYERNORM:
                 sum_g = tl.sum(tl.load(sums + M * SLICES, mask=sums_mask, other=0.0), axis=1)
-        else:
+        elif not SYNC:
             # The other slices first, while this block's own slice still waits in its storage dtype
             # (half the registers of fp32), in tiles of STREAM columns summed lane-wise.
             acc_gxc = tl.zeros([ROWS, STREAM], dtype=tl.float32)
@@ -577,18 +619,28 @@ def _norm_bwd_slice_kernel(
             sum_g = tl.sum(acc_g, axis=1)
 
         x, dy = x_next.to(tl.float32), dy_next.to(tl.float32)
+        if SYNC:  # this slice's part of the row sums, posted before the next block's loads go out
+            gs = dy * tl.load(W + cols, mask=col_mask, other=0.0).to(tl.float32)[None, :] if HAS_WEIGHT else dy
+            xs = x - mean[:, None] if LAYERNORM else x
+            _publish(ROW_SUMS, rows64 * SLICES + me, tl.sum(gs * xs, axis=1), row_mask)
+            if LAYERNORM:
+                _publish(ROW_SUMS, (M + rows64) * SLICES + me, tl.sum(gs, axis=1), row_mask)
         next_mask = (rows + ROWS < end)[:, None] & col_mask[None, :]
         x_rows = _row_offsets(rows + ROWS, stride_x, stride_xh, HEADS, VIEWS)
         dy_rows = _row_offsets(rows + ROWS, stride_dy, stride_dyh, HEADS, VIEWS)
         x_next = tl.load(X + x_rows[:, None] + cols[None, :], mask=next_mask, other=0.0)
         dy_next = tl.load(DY + dy_rows[:, None] + cols[None, :], mask=next_mask, other=0.0)
+        if SYNC:
+            sum_gxc, spin = _await_sums(ROW_SUMS, rows64, SLICES, SLICES_P2, row_mask, spin)
+            if LAYERNORM:
+                sum_g, spin = _await_sums(ROW_SUMS + M * SLICES, rows64, SLICES, SLICES_P2, row_mask, spin)
         if LAYERNORM:
             x = x - mean[:, None]
         if HAS_WEIGHT:  # re-read per block (an L1 hit) rather than held: its registers go to dw / db
             g = dy * tl.load(W + cols, mask=col_mask, other=0.0).to(tl.float32)[None, :]
         else:
             g = dy
-        if not SUMS_GIVEN:
+        if not SUMS_GIVEN and not SYNC:
             sum_gxc += tl.sum(g * x, axis=1)  # padding lanes: g is 0 there
             sum_g += tl.sum(g, axis=1)
         xhat = x * rstd[:, None]
@@ -637,12 +689,19 @@ def launch_bwd(cfg: Config, dy, x, weight, mean, rstd, layernorm: bool, dx, sums
     w = x if weight is None else weight  # x, rstd: placeholders, never read
     mean = rstd if mean is None else mean
     slices = triton.cdiv(N, cfg.slice) if cfg.slice else 1
+    # Siblings that wait for each other must all be resident: one program per SM, and a row's slices
+    # no more than the SMs. Where that cannot hold (or on the interpreter, whose programs run one
+    # after another), the row sums come from the first kernel instead.
+    sync = bool(cfg.slice and cfg.sync) and x.is_cuda and slices <= sm_count(x.device)
+    programs_per_sm = 1 if sync else cfg.programs_per_sm
     # one partial row of dw / db per program, or per row group of the slice kernel
-    partial_rows = min(triton.cdiv(M, cfg.rows), max(1, cfg.programs_per_sm * sm_count(x.device) // slices))
+    partial_rows = min(triton.cdiv(M, cfg.rows), max(1, programs_per_sm * sm_count(x.device) // slices))
     partials = torch.empty((max(n_sums, 1), partial_rows, N), dtype=torch.float32, device=x.device)
     if cfg.slice:
         row_sums = rstd  # never read unless the first kernel fills it
-        if cfg.row_sums:
+        if sync:
+            row_sums = torch.zeros((1 + int(layernorm), M, slices), dtype=torch.int64, device=x.device)
+        elif cfg.row_sums or cfg.sync:
             row_sums = x.new_empty((2, M, slices), dtype=torch.float32)
             grid = (slices * triton.cdiv(M, cfg.rows),)
             fast(_norm_bwd_row_sums_kernel)[grid](
@@ -653,8 +712,8 @@ def launch_bwd(cfg: Config, dy, x, weight, mean, rstd, layernorm: bool, dx, sums
             dy, x, w, mean, rstd, row_sums, dres, dx, partials[0], partials[n_sums - 1],
             M, N, sdy, sx, sdres, sdx, max(heads, 1), sdyh, sxh, sdresh, sdxh,
             layernorm, weight is not None, dresidual is not None,
-            cfg.rows, cfg.slice, slices, triton.next_power_of_2(slices), cfg.row_sums, min(cfg.chunk or cfg.slice, cfg.slice),
-            heads > 0, num_warps=cfg.warps,
+            cfg.rows, cfg.slice, slices, triton.next_power_of_2(slices), cfg.row_sums or cfg.sync,
+            min(cfg.chunk or cfg.slice, cfg.slice), heads > 0, sync, SPIN_LIMIT, num_warps=cfg.warps,
         )  # fmt: skip
     else:
         args = (

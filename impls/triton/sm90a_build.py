@@ -80,7 +80,10 @@ def build_config(op: str, direction: str, n: int, cfg: C.Config, x_dtype="bf16",
     if cfg.slice:
         slices = triton.cdiv(n, cfg.slice)
         sliced = {"SLICE": cfg.slice, "SLICES": slices, "SLICES_P2": triton.next_power_of_2(slices),
-                  "SUMS_GIVEN": cfg.row_sums, "STREAM": min(cfg.chunk or cfg.slice, cfg.slice), "VIEWS": False}  # fmt: skip
+                  "SUMS_GIVEN": cfg.row_sums or cfg.sync, "STREAM": min(cfg.chunk or cfg.slice, cfg.slice),
+                  "VIEWS": False, "SYNC": cfg.sync}  # fmt: skip
+        if cfg.sync:  # the posted row sums: int64 slots
+            pointers = {**pointers, "ROW_SUMS": "i64"}
         return build(K._norm_bwd_slice_kernel, pointers, {**flags, **sliced}, cfg.warps)
     row = {**flags, **whole_row, "REREAD": cfg.reread, "PREFETCH": cfg.prefetch, "ACC_ROWS": cfg.acc_rows}
     return build(K._norm_bwd_row_kernel, pointers, row, cfg.warps)
@@ -109,6 +112,7 @@ def main(argv=None) -> int:
                 regs, stack = resources(build_config(op, direction, n, cfg, w_dtype=a.weight_dtype))
                 fit = REGISTERS_PER_SM // (-(-regs // 8) * 8 * 32 * cfg.warps)
                 wanted = cfg.programs_per_sm if direction == "bwd" or cfg.persistent else 1
+                wanted = 1 if cfg.slice and cfg.sync else wanted  # the launcher's clamp
                 short = {k: v for k, v in cfg.to_json().items() if v or k == "prefetch"}
                 print(f"{op:11s} {direction} N={n:6d} regs {regs:3d} stack {stack:3d} B  programs/SM: {fit} fit, "
                       f"{wanted} wanted{'  (not all resident)' if fit < wanted else ''}  {short}", flush=True)  # fmt: skip
