@@ -24,6 +24,8 @@ A ``Config`` says how a kernel walks the (M, N) input:
   each other through global memory and wait for the rest (one program per SM, so that they are all
   resident), instead of ``row_sums``' first kernel: x and dy are read once. On the interpreter,
   whose programs run one after another, it falls back to ``row_sums``.
+* ``ahead``: sliced backward: how many row blocks a program's loads run ahead of its math (1 or 2;
+  two keep a second block in flight while a ``sync`` program waits for its siblings).
 * ``prefetch``: backward, whole-row kernel only: load the next row block while computing this one
   (software pipelining by hand; the default). Off, its registers go to a wider row instead.
 * ``acc_rows``: backward, whole-row kernel only: dw/db accumulated per tile row ([rows, N]) and
@@ -83,7 +85,7 @@ BWD_TILE_MAX = 8192
 SMALL_ROWS = 512
 
 
-LATE_DEFAULTS = {"prefetch": True, "acc_rows": False, "sync": False}
+LATE_DEFAULTS = {"prefetch": True, "acc_rows": False, "sync": False, "ahead": 1}
 
 
 @dataclass(frozen=True)
@@ -100,6 +102,7 @@ class Config:
     prefetch: bool = True
     acc_rows: bool = False
     sync: bool = False
+    ahead: int = 1
 
     def to_json(self) -> dict:
         """The fields that differ from the defaults of the fields added last (``LATE_DEFAULTS``), so

@@ -557,7 +557,7 @@ def _norm_bwd_slice_kernel(
     LAYERNORM: tl.constexpr, HAS_WEIGHT: tl.constexpr, HAS_DRESIDUAL: tl.constexpr,
     ROWS: tl.constexpr, SLICE: tl.constexpr, SLICES: tl.constexpr, SLICES_P2: tl.constexpr,
     SUMS_GIVEN: tl.constexpr, STREAM: tl.constexpr, VIEWS: tl.constexpr, SYNC: tl.constexpr,
-    SPIN,
+    SPIN, AHEAD: tl.constexpr,
 ):  # fmt: skip
     """The backward for rows too wide for one program's registers. Each program owns one column
     slice of the rows of its row group: dx, and dw / db for its slice, accumulated in registers
@@ -590,6 +590,12 @@ def _norm_bwd_slice_kernel(
     dy_rows = _row_offsets(rows, stride_dy, stride_dyh, HEADS, VIEWS)
     x_next = tl.load(X + x_rows[:, None] + cols[None, :], mask=mask, other=0.0)
     dy_next = tl.load(DY + dy_rows[:, None] + cols[None, :], mask=mask, other=0.0)
+    if AHEAD == 2:  # and the block after it (in storage dtype: 16-bit rows take half the registers)
+        mask = (rows + ROWS < end)[:, None] & col_mask[None, :]
+        x_rows = _row_offsets(rows + ROWS, stride_x, stride_xh, HEADS, VIEWS)
+        dy_rows = _row_offsets(rows + ROWS, stride_dy, stride_dyh, HEADS, VIEWS)
+        x_next2 = tl.load(X + x_rows[:, None] + cols[None, :], mask=mask, other=0.0)
+        dy_next2 = tl.load(DY + dy_rows[:, None] + cols[None, :], mask=mask, other=0.0)
     for block in range(first, last):
         row_mask = rows < end
         mask = row_mask[:, None] & col_mask[None, :]
@@ -625,11 +631,17 @@ def _norm_bwd_slice_kernel(
             _publish(ROW_SUMS, rows64 * SLICES + me, tl.sum(gs * xs, axis=1), row_mask)
             if LAYERNORM:
                 _publish(ROW_SUMS, (M + rows64) * SLICES + me, tl.sum(gs, axis=1), row_mask)
-        next_mask = (rows + ROWS < end)[:, None] & col_mask[None, :]
-        x_rows = _row_offsets(rows + ROWS, stride_x, stride_xh, HEADS, VIEWS)
-        dy_rows = _row_offsets(rows + ROWS, stride_dy, stride_dyh, HEADS, VIEWS)
-        x_next = tl.load(X + x_rows[:, None] + cols[None, :], mask=next_mask, other=0.0)
-        dy_next = tl.load(DY + dy_rows[:, None] + cols[None, :], mask=next_mask, other=0.0)
+        if AHEAD == 2:
+            x_next, dy_next = x_next2, dy_next2
+        next_mask = (rows + AHEAD * ROWS < end)[:, None] & col_mask[None, :]
+        x_rows = _row_offsets(rows + AHEAD * ROWS, stride_x, stride_xh, HEADS, VIEWS)
+        dy_rows = _row_offsets(rows + AHEAD * ROWS, stride_dy, stride_dyh, HEADS, VIEWS)
+        if AHEAD == 2:
+            x_next2 = tl.load(X + x_rows[:, None] + cols[None, :], mask=next_mask, other=0.0)
+            dy_next2 = tl.load(DY + dy_rows[:, None] + cols[None, :], mask=next_mask, other=0.0)
+        else:
+            x_next = tl.load(X + x_rows[:, None] + cols[None, :], mask=next_mask, other=0.0)
+            dy_next = tl.load(DY + dy_rows[:, None] + cols[None, :], mask=next_mask, other=0.0)
         if SYNC:
             sum_gxc, spin = _await_sums(ROW_SUMS, rows64, SLICES, SLICES_P2, row_mask, spin)
             if LAYERNORM:
@@ -713,7 +725,7 @@ def launch_bwd(cfg: Config, dy, x, weight, mean, rstd, layernorm: bool, dx, sums
             M, N, sdy, sx, sdres, sdx, max(heads, 1), sdyh, sxh, sdresh, sdxh,
             layernorm, weight is not None, dresidual is not None,
             cfg.rows, cfg.slice, slices, triton.next_power_of_2(slices), cfg.row_sums or cfg.sync,
-            min(cfg.chunk or cfg.slice, cfg.slice), heads > 0, sync, SPIN_LIMIT, num_warps=cfg.warps,
+            min(cfg.chunk or cfg.slice, cfg.slice), heads > 0, sync, SPIN_LIMIT, cfg.ahead, num_warps=cfg.warps,
         )  # fmt: skip
     else:
         args = (

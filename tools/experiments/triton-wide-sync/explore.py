@@ -27,12 +27,21 @@ OPS = ("rmsnorm", "layernorm", "add_rmsnorm")
 WIDE_N = tuple(int(n) for n in os.environ.get("WIDE_N", "10240,12288,16384,24576,32768,49152,65536,131072,262144").split(","))
 
 
+ROUND = os.environ.get("ROUND", "2")
+# round 1: slice width x warps, one block loaded ahead; round 2: two blocks ahead, two rows a block
+GRID = {
+    "1": [(1, 8192, 16, 1), (1, 4096, 8, 1), (1, 4096, 16, 1), (1, 8192, 8, 1), (1, 2048, 8, 1)],
+    "2": [(1, 8192, 16, 1), (1, 8192, 8, 1), (1, 8192, 16, 2), (1, 8192, 8, 2), (1, 4096, 8, 2),
+          (2, 4096, 8, 1), (2, 4096, 8, 2), (2, 8192, 16, 1)],
+}
+
+
 def candidates(n):
     out = []
-    for sl, warps in ((8192, 16), (4096, 8), (4096, 16), (8192, 8), (2048, 8)):
+    for rows, sl, warps, ahead in GRID[ROUND]:
         slices = -(-n // sl)
         if 2 <= slices <= 32 and sl * (slices - 1) < n:
-            out.append({"rows": 1, "warps": warps, "slice": sl, "sync": True})
+            out.append({"rows": rows, "warps": warps, "slice": sl, "sync": True, **({"ahead": 2} if ahead == 2 else {})})
     return out
 
 
