@@ -7,6 +7,8 @@ elsewhere."""
 import importlib.util
 import json
 import os
+import subprocess
+import sys
 from dataclasses import replace
 
 import pytest
@@ -117,6 +119,25 @@ def test_pinned_table_is_well_formed():
                 assert not (cfg.slice or cfg.row_sums) or direction == "bwd", f"{gpu} {key} {b}: slices are bwd only"
                 assert cfg.rows >= 1 and cfg.rows & (cfg.rows - 1) == 0, f"{gpu} {key} {b}: rows must be a power of two"
                 assert cfg.warps in (1, 2, 4, 8, 16, 32) and cfg.programs_per_sm >= 1
+                assert cfg.ahead in (1, 2) and (cfg.ahead == 1 or cfg.slice), f"{gpu} {key} {b}: ahead"
+                if cfg.sync:  # the launcher would fall back to the row-sums kernel otherwise
+                    slots = cfg.rows * C.bucket(-(-C.bucket(int(b)) // cfg.slice))
+                    assert cfg.slice and slots <= 32, f"{gpu} {key} {b}: {slots} slots to wait on"
+
+
+def test_pinned_exchanging_backwards_wait_within_each_warp():
+    """Each pinned ``sync`` config, built for sm_90a: no barrier inside the loop that waits for the
+    siblings (see ``kernels._await_sums``), and a control that has some, so the count is real. Built
+    in a process of its own: this one may run Triton's interpreter, which cannot compile."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    proc = subprocess.run([sys.executable, "-m", "impls.triton.sm90a_build", "--waits"], env=env,
+                          capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    waits = json.loads(proc.stdout.strip().splitlines()[-1])
+    control = waits.pop("control: 2 rows x 32 slices")
+    assert waits, "no pinned config exchanges row sums"
+    assert all(v == 0 for v in waits.values()), waits
+    assert control > 0
 
 
 @pytest.mark.parametrize("gpu", sorted(C.pinned_table()))
@@ -259,6 +280,10 @@ PATHS = {
     "one chunk / slice per row": (C.Config(rows=1, chunk=1024), C.Config(rows=4, slice=2048, row_sums=True, programs_per_sm=2)),
     # 4 slices of 1001 columns, each streamed in 2 tiles by its siblings; 10 row groups
     "sliced, streamed": (ROW, C.Config(rows=1, warps=4, slice=256, chunk=128, programs_per_sm=10)),
+    # the siblings exchange their row sums (on the GPU; the interpreter falls back to the row-sums
+    # kernel), loads two blocks ahead
+    "sliced, exchanged": (ROW, C.Config(rows=1, warps=4, slice=256, sync=True, ahead=2)),
+    "sliced, exchanged, 2 rows": (ROW, C.Config(rows=2, warps=4, slice=256, sync=True)),
 }
 # the per-head view's rows (T, H, N) have no (M, N) view: the kernels get it as it is
 SHAPES = [Shape((37, 1001)), Shape((2, 5, 130), "column-slice"), Shape((3, 4, 130), "head-slice-6")]
@@ -271,7 +296,7 @@ def test_kernel_paths(path, op, direction):
     kernels = _kernels(*PATHS[path])
     points = [(shape, "bf16", True) for shape in SHAPES]
     if path in ("chunked / sliced with row sums", "row, re-read", "row, exact N", "row, no prefetch", "sliced, streamed",
-                "row, dw per tile row"):  # fmt: skip
+                "row, dw per tile row", "sliced, exchanged"):  # fmt: skip
         points += [(SHAPES[0], "fp32", True), (SHAPES[0], "bf16", False)]
     for shape, dtype, affine in points:
         r = run_check(IMPL, op, direction, shape, dtype, DEVICE, affine=affine, kernels=kernels)

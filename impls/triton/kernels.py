@@ -343,6 +343,8 @@ def norm_fwd(x, weight, bias, eps, layernorm: bool, config: Config | None = None
 # Re-reads of the posted row sums a sliced program makes before it gives up on a sibling (see
 # ``_await_sums``): ~2^20 L2 round trips, about a second, far beyond any real wait.
 SPIN_LIMIT = 1 << 20
+# The most slots (rows x slices, padded to a power of two) a block may wait on: one warp's lanes.
+SYNC_SLOTS_MAX = 32
 
 @triton.jit
 def _row_block_range(M, ROWS: tl.constexpr, worker, workers):
@@ -533,7 +535,14 @@ def _await_sums(SLOTS, rows64, SLICES, SLICES_P2: tl.constexpr, row_mask, spin):
     so every sibling gets the same bits and the result is the same run to run. The wait is bounded
     (``spin`` re-reads; what is left of it comes back, 0 once it ran out, so that a program waits
     out one bound at most): a sibling that never posts (only if the grid outgrew the resident
-    programs, which the launcher prevents) makes the row's sums NaN, a visibly wrong dx, not a hang."""
+    programs, which the launcher prevents) makes the row's sums NaN, a visibly wrong dx, not a hang.
+
+    The slots must fit one warp (``SYNC_SLOTS_MAX``): then every warp holds its own copy of them
+    and leaves the loop once its copy is complete, which is final, as a slot only ever goes from
+    empty to posted. Spread over warps, the test that ends the loop is a reduction across warps,
+    whose copies were read at different moments: warps then left the loop on different iterations
+    and out of step with each other's barriers (2 rows x 32 slices gave NaN rows on an H100; the
+    compiled loop held a ``bar.sync``, which ``sm90a_build.spin_barriers`` counts)."""
     k = tl.arange(0, SLICES_P2)
     slots = SLOTS + rows64[:, None] * SLICES + k[None, :]
     mask = row_mask[:, None] & (k < SLICES)[None, :]
@@ -702,9 +711,11 @@ def launch_bwd(cfg: Config, dy, x, weight, mean, rstd, layernorm: bool, dx, sums
     mean = rstd if mean is None else mean
     slices = triton.cdiv(N, cfg.slice) if cfg.slice else 1
     # Siblings that wait for each other must all be resident: one program per SM, and a row's slices
-    # no more than the SMs. Where that cannot hold (or on the interpreter, whose programs run one
-    # after another), the row sums come from the first kernel instead.
-    sync = bool(cfg.slice and cfg.sync) and x.is_cuda and slices <= sm_count(x.device)
+    # no more than the SMs. A block's slots must fit one warp (``_await_sums``). Where either cannot
+    # hold (or on the interpreter, whose programs run one after another), the row sums come from the
+    # first kernel instead.
+    sync = (bool(cfg.slice and cfg.sync) and x.is_cuda and slices <= sm_count(x.device)
+            and cfg.rows * triton.next_power_of_2(slices) <= SYNC_SLOTS_MAX)  # fmt: skip
     programs_per_sm = 1 if sync else cfg.programs_per_sm
     # one partial row of dw / db per program, or per row group of the slice kernel
     partial_rows = min(triton.cdiv(M, cfg.rows), max(1, programs_per_sm * sm_count(x.device) // slices))

@@ -65,6 +65,39 @@ def resources(compiled) -> tuple[int, int]:
     return int(re.search(r"REG:(\d+)", out).group(1)), int(re.search(r"STACK:(\d+)", out).group(1))
 
 
+def spin_barriers(compiled) -> int | None:
+    """The ``bar.sync`` instructions inside the sliced backward's wait for its siblings (the loop
+    around the volatile loads of ``_await_sums``): 0 where each warp waits on its own copy of the
+    slots, as the kernel needs; None where the kernel has no such loop."""
+    lines = compiled.asm["ptx"].splitlines()
+    polls = [i for i, line in enumerate(lines) if "ld.volatile.global" in line]
+    if not polls:
+        return None
+    count = 0
+    for first in polls[::2]:  # each wait: a first read, then the loop that re-reads
+        head = next(i for i in range(first, len(lines)) if lines[i].startswith("$L__BB"))
+        label = lines[head].split(":")[0]
+        back = next(i for i in range(head, len(lines)) if lines[i].strip().startswith("bra") and label in lines[i])
+        count += sum("bar.sync" in line for line in lines[head:back])
+    return count
+
+
+def pinned_waits() -> dict:
+    """``spin_barriers`` of every pinned config that exchanges row sums (``sync``), by
+    "gpu op N", and of a control that spreads its slots over two warps (2 rows x 32 slices)."""
+    out = {}
+    for gpu, table in C.pinned_table().items():
+        for key, by_n in table.items():
+            op, _, direction = key.rpartition("_")
+            for n, entry in by_n.items():
+                cfg = C.Config(**entry)
+                if cfg.sync:
+                    out[f"{gpu} {key} {n}"] = spin_barriers(build_config(op, direction, C.bucket(int(n)), cfg))
+    spread = C.Config(rows=2, warps=8, slice=4096, sync=True)
+    out["control: 2 rows x 32 slices"] = spin_barriers(build_config("rmsnorm", "bwd", 131072, spread))
+    return out
+
+
 def build_config(op: str, direction: str, n: int, cfg: C.Config, x_dtype="bf16", w_dtype="bf16"):
     layernorm, fused = FLAGS[op]
     rows = dict.fromkeys(("X", "R", "Y", "H", "DY", "DRES", "DX"), x_dtype)
@@ -96,8 +129,12 @@ def main(argv=None) -> int:
     p.add_argument("--direction", default="fwd,bwd")
     p.add_argument("--config", help="a Config as JSON, instead of the GPU's")
     p.add_argument("--weight-dtype", default="bf16", choices=("bf16", "fp32"))
+    p.add_argument("--waits", action="store_true", help="print ``pinned_waits()`` as JSON instead")
     p.add_argument("n", nargs="*", type=int, help="row lengths (default: the sweep's)")
     a = p.parse_args(argv)
+    if a.waits:
+        print(json.dumps(pinned_waits()))
+        return 0
     from harness.spec.shapes import SWEEP_N
 
     for n in a.n or SWEEP_N:
