@@ -62,9 +62,11 @@ How a row is walked (``Config``, chosen per GPU and N bucket in ``configs``):
   other threads' writes of h before the reads;
 * backward, sliced, for rows too wide for registers: each program owns a column slice (``slice``)
   of a group of rows, so that its dw/db accumulators (slice-wide) stay in registers; the row
-  reductions c1, c2 need the whole row, and come from a first kernel that sums each (row, slice)
-  (``row_sums``: x and dy are read twice from DRAM, 5 units of traffic instead of 3, but both
-  kernels stream at close to the copy bandwidth), or from the program itself streaming the other
+  reductions c1, c2 need the whole row. The siblings post their slices' sums of each row block to
+  each other through global memory and wait for the rest (``sync``: x and dy read once; the wait
+  overlaps the next blocks' loads; one program per SM, so all siblings are resident), or they
+  come from a first kernel that sums each (row, slice) (``row_sums``: x and dy are read twice
+  from DRAM, 5 units of traffic instead of 3), or from the program itself streaming the other
   slices of its rows (read from L2 after a sibling's DRAM read: 3 units, but latency-bound).
 
 The backward is persistent: a grid of a few programs per SM (``programs_per_sm``), each walking a
@@ -90,8 +92,10 @@ per-row gather and the dw columns differ from row to row.
 
 Rows too wide for one program's registers in the backward (above 16384): a 32768-wide row's dw
 accumulator alone is 128 KB of fp32, half an SM's register file, so the program that owns a row
-cannot also keep dw for it; the sliced kernels with ``row_sums`` (5 units of traffic) are what is
-left, since streaming the sibling slices from L2 (3 units) waits on every round trip.
+cannot also keep dw for it, and a row is cut into column slices, one program each. Their row sums
+travel between the sibling programs through global memory (``sync``: 3 units of traffic); without
+that, a first kernel sums every (row, slice) (``row_sums``: 5 units), or each program streams its
+siblings' slices from L2 (3 units, but every round trip is waited on).
 
 Interpreter notes (CI runs these under TRITON_INTERPRET=1): no arithmetic on bf16 values (it is
 silently wrong there), no libdevice (``tl.rsqrt`` instead), no atomics; its fp32 -> bf16 conversion
