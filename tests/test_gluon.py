@@ -170,19 +170,33 @@ def test_every_kernel_compiles_for_sm90a(gluon_kernels, n, dtype, param_dtype):
     128-bit global accesses wherever the row stride allows them."""
     from impls.gluon.plan import plan
 
+    from harness.spec.ptx import spin_barriers
+
     k = gluon_kernels
     shape = REGIMES[n]
     x, dy, w, b, s = inputs(shape, DTYPES[dtype], DTYPES[param_dtype])
-    for (op, direction), call in CALLS.items():
-        with k.compile_only() as compiled:
-            call(k, x, dy, w, b, s)
+    runs = [(op_dir, call, True) for op_dir, call in CALLS.items()]
+    runs += [(op_dir, call, False) for op_dir, call in CALLS.items() if op_dir[1] != "fwd"]
+    for (op, direction), call, exchange in runs:
         wide = plan(direction[:3], n, x.element_size()).wide
+        if not exchange and not wide:
+            continue
+        before, k.EXCHANGE = k.EXCHANGE, exchange
+        try:
+            with k.compile_only() as compiled:
+                call(k, x, dy, w, b, s)
+        finally:
+            k.EXCHANGE = before
         names = [c.metadata.name for c in compiled]
         if direction == "fwd":
             assert names == ["_fwd_kernel"], (op, names)
         else:
-            main = (["_bwd_row_sums_kernel"] if wide else []) + ["_bwd_kernel"]
+            # wide rows: the slices exchange their row sums, or (EXCHANGE off) a first kernel sums them
+            main = (["_bwd_row_sums_kernel"] if wide and not exchange else []) + ["_bwd_kernel"]
             assert names == main + ["_sum_partials_kernel"], (op, direction, names)
+            # the wait for the siblings runs within each warp: no barrier in its loop
+            waits = spin_barriers(compiled[-2].asm["ptx"])
+            assert waits == (0 if wide and exchange else None), (op, direction, exchange, waits)
         for c in compiled:
             assert len(c.asm["cubin"]) > 1000, (op, direction, c.metadata.name)
             ptx = c.asm["ptx"]

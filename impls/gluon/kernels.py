@@ -54,8 +54,11 @@ Design decisions:
   each. dw and db are accumulated per row of the tile ([ROWS, BLOCK_N], summed over the rows once
   at the end): summed per block, the sum over a tile's rows crosses warps through shared memory
   and a barrier every block, which for small rows costs more than the block's loads. Rows wider
-  than ``BWD_ROW_MAX`` are cut into column slices, one per program of a row group, whose row
-  reductions c1, c2 come from ``_bwd_row_sums_kernel``'s per-(row, slice) sums.
+  than ``BWD_ROW_MAX`` are cut into column slices, one per program of a row group. Their row
+  reductions c1, c2 travel between the sibling programs: each posts its slice's sums of a row block
+  to global memory and waits for the others' (``EXCHANGE``; one program per SM, so all are
+  resident), so x and dy are read once; without it they come from ``_bwd_row_sums_kernel``'s
+  per-(row, slice) sums, x and dy read twice.
 
 Without a GPU: Gluon kernels do not run in Triton's interpreter. The tests compile them for sm_90a
 (``compile_only``: every op, direction, row regime and dtype, through the host code below), and
@@ -90,6 +93,11 @@ def _sum(x, axis: gl.constexpr):
     Triton's interpreter (TRITON_INTERPRET=1, on in CPU test runs) replaces at import time and
     Gluon's compiler then refuses."""
     return gl.reduce(x, axis, _add)
+
+
+@gluon.jit
+def _min(a, b):
+    return gl.minimum(a, b)
 
 
 @gluon.jit
@@ -290,17 +298,49 @@ def _bwd_row_sums_kernel(
         gl.store(ROW_SUMS + M * SLICES + at, _sum(g, axis=1), mask=row_mask)
 
 
+@gluon.jit
+def _publish(SLOT, value, row_mask):
+    """Post a slice's row sums to its siblings: each fp32 sum in the low half of an int64 slot,
+    bit 32 set as the "posted" flag, in one atomic exchange (a reader that sees the flag sees the
+    value with it)."""
+    bits = value.to(gl.uint32, bitcast=True).to(gl.int64)
+    gl.atomic_xchg(SLOT, bits | 4294967296, mask=row_mask, sem="relaxed")
+
+
+@gluon.jit
+def _await_sums(slots, mask, spin):
+    """The rows' sums over every slice, once all have posted (``slots``: [rows, slices] pointers):
+    re-read (volatile: from L2) until every slot carries its flag, then added in slice order, the
+    same bits in every sibling. The slots lie within one warp in the sliced tiles' layout, so every
+    warp waits on its own copy, which once complete is final (a slot only goes from empty to
+    posted); spread over warps, the exit test would be a reduction across copies read at different
+    moments. Bounded (``spin`` re-reads, 0 once run out): a sibling that never posts gives NaN sums,
+    a visibly wrong dx, not a hang."""
+    v = gl.load(slots, mask=mask, other=4294967296, volatile=True)
+    tries = 0
+    while (gl.reduce(gl.reduce(v >> 32, 1, _min), 0, _min) == 0) & (tries < spin):
+        v = gl.load(slots, mask=mask, other=4294967296, volatile=True)
+        tries += 1
+    posted = gl.reduce(gl.reduce(v >> 32, 1, _min), 0, _min) != 0
+    value = gl.where((v >> 32) == 0, float("nan"), v.to(gl.int32).to(gl.float32, bitcast=True))
+    return _sum(value, axis=1), gl.where(posted, spin, 0)
+
+
 @gluon.jit(do_not_specialize=["M"])
 def _bwd_kernel(
     DY, X, W, MEAN, RSTD, DRES, ROW_SUMS, DX, DW_PARTIAL, DB_PARTIAL,
     M, N, NH, stride_dy, hstride_dy, stride_x, hstride_x, stride_dres, hstride_dres, stride_dx,
     LAYERNORM: gl.constexpr, HAS_WEIGHT: gl.constexpr, HAS_DRESIDUAL: gl.constexpr,
     ROWS: gl.constexpr, BLOCK_N: gl.constexpr, SLICES: gl.constexpr, SLICES_P2: gl.constexpr,
-    HEADS: gl.constexpr, layout: gl.constexpr,
+    HEADS: gl.constexpr, layout: gl.constexpr, SYNC: gl.constexpr, SPIN,
 ):  # fmt: skip
     """Program (group, slice) owns columns [slice * BLOCK_N, +BLOCK_N) of its group's row blocks
     (SLICES = 1: the whole row, whose reductions it computes itself). dy, x and dresidual_out may
-    be (T, NH, N) views (HEADS); dx is (M, N)."""
+    be (T, NH, N) views (HEADS); dx is (M, N). With SYNC the siblings of a row group post their
+    slices' row sums to ROW_SUMS (int64 slots, zeroed by the launcher) and wait for each other's,
+    the next block's loads already in flight: x and dy are read once (without it, from
+    ``_bwd_row_sums_kernel``'s sums: twice). The launcher keeps the grid resident (one program per
+    SM)."""
     row_layout: gl.constexpr = gl.SliceLayout(1, layout)
     col_layout: gl.constexpr = gl.SliceLayout(0, layout)
     me = gl.program_id(0) % SLICES
@@ -314,6 +354,7 @@ def _bwd_kernel(
     dw = gl.zeros([ROWS, BLOCK_N], gl.float32, layout=layout)
     db = gl.zeros([ROWS, BLOCK_N], gl.float32, layout=layout)
     end = gl.minimum(M, last * ROWS)  # rows from here on are the next program's
+    spin = SPIN
     # Software pipelining by hand: the next block's x and dy are loaded before this block's math,
     # so that a program always has a block in flight while it computes; they wait in registers
     # in their storage dtype (for 16-bit x, half the registers of the fp32 math). The rows' rstd
@@ -344,8 +385,18 @@ def _bwd_kernel(
             k = gl.arange(0, SLICES_P2, layout=col_layout)
             at = gl.expand_dims(rows.to(gl.int64) * SLICES, 1) + gl.expand_dims(k, 0)
             sums_mask = gl.expand_dims(row_mask, 1) & gl.expand_dims(k < SLICES, 0)
-            sum_gxc = _sum(gl.load(ROW_SUMS + at, mask=sums_mask, other=0.0), axis=1)
-            sum_g = _sum(gl.load(ROW_SUMS + M * SLICES + at, mask=sums_mask, other=0.0), axis=1)
+            if SYNC:
+                own = rows.to(gl.int64) * SLICES + me
+                _publish(ROW_SUMS + own, _sum(g * xc, axis=1), row_mask)
+                if LAYERNORM:
+                    _publish(ROW_SUMS + M * SLICES + own, _sum(g, axis=1), row_mask)
+                sum_gxc, spin = _await_sums(ROW_SUMS + at, sums_mask, spin)
+                sum_g = sum_gxc
+                if LAYERNORM:
+                    sum_g, spin = _await_sums(ROW_SUMS + M * SLICES + at, sums_mask, spin)
+            else:
+                sum_gxc = _sum(gl.load(ROW_SUMS + at, mask=sums_mask, other=0.0), axis=1)
+                sum_g = _sum(gl.load(ROW_SUMS + M * SLICES + at, mask=sums_mask, other=0.0), axis=1)
         xhat = xc * gl.expand_dims(rstd, 1)
         dx = g - xhat * gl.expand_dims(sum_gxc * rstd / N, 1)
         if LAYERNORM:
@@ -385,6 +436,11 @@ def _sum_partials_kernel(PARTIALS, OUT, P, P_STRIDE, N, BLOCK_P: gl.constexpr, B
 # A launch is (kernel, grid, runtime args, compile-time args, warps). On a GPU it runs; in
 # ``compile_only`` mode (no GPU: the tests) it is compiled for sm_90a from the same description,
 # so the host code the GPU runs is the host code the tests exercise.
+# The wide-row backward's slices exchange their row sums (``_await_sums``); off, a first kernel sums
+# every (row, slice) and x and dy are read twice
+EXCHANGE = True
+SYNC_SLOTS_MAX = 32  # slots (rows x slices, padded to a power of two) a block may wait on: one warp
+SPIN_LIMIT = 1 << 20  # re-reads of the posted sums before a program gives up on a sibling (~1 s)
 _COMPILE_ONLY: list = []  # a stack of lists collecting compiled kernels
 _INTERPRETED: list = []  # a stack of {kernel name: interpreted copy} (interpret.layouts_erased)
 # Without a GPU (compile_only, or the interpreter) grids are sized for one SM: the interpreter
@@ -414,7 +470,7 @@ def _launch(kernel, grid, args: dict, constexprs: dict, num_warps: int):
     launch_named(kernel, grid, {**args, **constexprs}, num_warps)
 
 
-_SIG = {torch.bfloat16: "*bf16", torch.float16: "*fp16", torch.float32: "*fp32", torch.float8_e4m3fn: "*fp8e4nv"}
+_SIG = {torch.bfloat16: "*bf16", torch.float16: "*fp16", torch.float32: "*fp32", torch.float8_e4m3fn: "*fp8e4nv", torch.int64: "*i64"}
 
 
 def compile_kernel(kernel, args: dict, constexprs: dict, num_warps: int, capability: int = 90):
@@ -548,13 +604,22 @@ def norm_bwd(dy, dres, x, weight, mean, rstd, layernorm: bool):
     # one partial row of dw / db per row group, for at most as many groups as fill the SMs' threads
     # (the binary's registers may allow fewer: ``_resident``)
     most = min(_grid_rows(M, t), max(1, programs_per_sm(t) * sm_count(x.device) // slices))
+    # the siblings exchange their row sums where they can all be resident (one program per SM) and
+    # wait within a warp (``_await_sums``); the interpreter runs programs one after another: there,
+    # and past those limits, the row-sums kernel
+    sync = (slices > 1 and EXCHANGE and (x.is_cuda or bool(_COMPILE_ONLY)) and not _INTERPRETED
+            and t.rows * next_pow2(slices) <= SYNC_SLOTS_MAX and (slices <= sm_count(x.device) or bool(_COMPILE_ONLY)))  # fmt: skip
+    if sync:
+        most = min(most, max(1, sm_count(x.device) // slices))
     partials = torch.empty((max(n_sums, 1), most, N), dtype=torch.float32, device=x.device)
     w = x if weight is None else weight  # x, rstd: placeholders, never read
     mean = rstd if mean is None else mean
     row_sums = rstd
     layout = t.layout()
     strides = {**_stride_args("dy", dy, heads), **_stride_args("x", x, heads)}
-    if slices > 1:
+    if sync:
+        row_sums = torch.zeros((1 + int(layernorm), M, slices), dtype=torch.int64, device=x.device)
+    elif slices > 1:
         row_sums = x.new_empty((2, M, slices), dtype=torch.float32)
         _launch(
             _bwd_row_sums_kernel, (slices * _grid_rows(M, t),),
@@ -572,10 +637,12 @@ def norm_bwd(dy, dres, x, weight, mean, rstd, layernorm: bool):
     constexprs = dict(
         LAYERNORM=layernorm, HAS_WEIGHT=has_weight, HAS_DRESIDUAL=dres is not None,
         ROWS=t.rows, BLOCK_N=t.width, SLICES=slices, SLICES_P2=next_pow2(slices), HEADS=heads > 0, layout=layout,
+        SYNC=sync,
     )  # fmt: skip
+    args["SPIN"] = SPIN_LIMIT
     # a cheap key (a call's host time counts at small M): the ints and dtypes that select the binary
     key = (N, x.dtype, w.dtype, layernorm, has_weight, dres is not None, heads > 0, x.get_device(),
-           args["stride_dy"], args["hstride_dy"], args["stride_x"], args["hstride_x"], args["stride_dres"])  # fmt: skip
+           args["stride_dy"], args["hstride_dy"], args["stride_x"], args["hstride_x"], args["stride_dres"], sync)  # fmt: skip
     groups = min(most, _resident(_bwd_kernel, args, constexprs, t, key, x.is_cuda) * sm_count(x.device) // slices) or 1
     _launch(_bwd_kernel, (groups * slices,), args, constexprs, t.num_warps)
     if n_sums:

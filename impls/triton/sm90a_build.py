@@ -66,20 +66,11 @@ def resources(compiled) -> tuple[int, int]:
 
 
 def spin_barriers(compiled) -> int | None:
-    """The ``bar.sync`` instructions inside the sliced backward's wait for its siblings (the loop
-    around the volatile loads of ``_await_sums``): 0 where each warp waits on its own copy of the
-    slots, as the kernel needs; None where the kernel has no such loop."""
-    lines = compiled.asm["ptx"].splitlines()
-    polls = [i for i, line in enumerate(lines) if "ld.volatile.global" in line]
-    if not polls:
-        return None
-    count = 0
-    for first in polls[::2]:  # each wait: a first read, then the loop that re-reads
-        head = next(i for i in range(first, len(lines)) if lines[i].startswith("$L__BB"))
-        label = lines[head].split(":")[0]
-        back = next(i for i in range(head, len(lines)) if lines[i].strip().startswith("bra") and label in lines[i])
-        count += sum("bar.sync" in line for line in lines[head:back])
-    return count
+    """``harness.spec.ptx.spin_barriers`` of a compiled kernel: the barriers inside its waits for
+    sibling programs (the sliced backward's ``_await_sums``); None where it has none."""
+    from harness.spec.ptx import spin_barriers as in_ptx
+
+    return in_ptx(compiled.asm["ptx"])
 
 
 def pinned_waits() -> dict:
