@@ -56,8 +56,8 @@ Design decisions:
   and a barrier every block, which for small rows costs more than the block's loads. Rows wider
   than ``BWD_ROW_MAX`` are cut into column slices, one per program of a row group. Their row
   reductions c1, c2 travel between the sibling programs: each posts its slice's sums of a row block
-  to global memory and waits for the others' (``EXCHANGE``; one program per SM, so all are
-  resident), so x and dy are read once; without it they come from ``_bwd_row_sums_kernel``'s
+  to global memory and waits for the others' (``Plan.exchange``; one program per SM, so all are
+  resident), so x and dy are read once; elsewhere they come from ``_bwd_row_sums_kernel``'s
   per-(row, slice) sums, x and dy read twice.
 
 Without a GPU: Gluon kernels do not run in Triton's interpreter. The tests compile them for sm_90a
@@ -436,8 +436,8 @@ def _sum_partials_kernel(PARTIALS, OUT, P, P_STRIDE, N, BLOCK_P: gl.constexpr, B
 # A launch is (kernel, grid, runtime args, compile-time args, warps). On a GPU it runs; in
 # ``compile_only`` mode (no GPU: the tests) it is compiled for sm_90a from the same description,
 # so the host code the GPU runs is the host code the tests exercise.
-# The wide-row backward's slices exchange their row sums (``_await_sums``); off, a first kernel sums
-# every (row, slice) and x and dy are read twice
+# The wide-row backward's slices exchange their row sums (``_await_sums``) where the plan says so
+# (``Plan.exchange``); off, a first kernel sums every (row, slice) and x and dy are read twice
 EXCHANGE = True
 SYNC_SLOTS_MAX = 32  # slots (rows x slices, padded to a power of two) a block may wait on: one warp
 SPIN_LIMIT = 1 << 20  # re-reads of the posted sums before a program gives up on a sibling (~1 s)
@@ -607,7 +607,7 @@ def norm_bwd(dy, dres, x, weight, mean, rstd, layernorm: bool):
     # the siblings exchange their row sums where they can all be resident (one program per SM) and
     # wait within a warp (``_await_sums``); the interpreter runs programs one after another: there,
     # and past those limits, the row-sums kernel
-    sync = (slices > 1 and EXCHANGE and (x.is_cuda or bool(_COMPILE_ONLY)) and not _INTERPRETED
+    sync = (p.exchange and EXCHANGE and (x.is_cuda or bool(_COMPILE_ONLY)) and not _INTERPRETED
             and t.rows * next_pow2(slices) <= SYNC_SLOTS_MAX and (slices <= sm_count(x.device) or bool(_COMPILE_ONLY)))  # fmt: skip
     if sync:
         most = min(most, max(1, sm_count(x.device) // slices))

@@ -38,6 +38,11 @@ since Volta, not on SM counts or clocks):
   in 16-byte vectors) moves two rows a program (``LAYERNORM_BWD_ROWS``): at about 120 registers a
   thread, two programs of one row each are all an SM holds, and two rows a program measured
   faster there; not the fused add's (slower), nor at 16 warps (two rows of 32 warps spill).
+* the wide backward's slices exchange their row sums through global memory (``kernels``) where
+  that measured faster than the row-sums kernel on an H100 (reports/experiments/gluon-wide-sync/):
+  up to ``EXCHANGE_SLICES`` slices (with more, 16 warps a program polling for 16-32 siblings cost
+  more than the second read of x and dy saves), LayerNorm only from two whole slices and up to
+  four slices of fp32 rows.
 * the persistent backward grid is as many programs as the SMs hold at once: kernels.py reads the
   compiled binary's registers and shared memory and counts the programs an SM keeps resident
   (``resident_programs``), so that no program waits for a second wave; without a binary to read
@@ -57,6 +62,9 @@ FWD_ROW_BYTES = 65536  # bytes of x a forward program keeps in registers (see ab
 BWD_ROW_MAX = 8192  # backward: x, dy and the dw/db accumulators, 16 per thread each at 16 warps
 FWD_CHUNK = 8192  # column chunk of the forward's wide-row path
 BWD_SLICE = 8192  # column slice of the backward's wide-row path
+# the wide backward's exchange of row sums: most slices, {False: RMSNorm kernels, True: LayerNorm}
+EXCHANGE_SLICES = {False: 8, True: 6}
+EXCHANGE_SLICES_FP32_LAYERNORM = 4
 THREADS_PER_SM = 2048
 REGISTERS_PER_SM = 65536
 REGISTER_UNIT = 256  # registers are allocated per warp in units of 256
@@ -141,6 +149,7 @@ class Plan:
 
     tile: Tile
     pieces: int  # 1: the whole row in one tile; > 1: chunks (forward) or slices (backward)
+    exchange: bool = False  # backward slices: exchange their row sums (else the row-sums kernel)
 
     @property
     def wide(self) -> bool:
@@ -155,7 +164,8 @@ def plan(direction: str, n: int, elem_size: int, layernorm: bool = False) -> Pla
     or of the RMSNorm kernels (the fused add's too), computed once per arguments and rules (the
     constants above, which experiments and tests change)."""
     key = (direction, n, elem_size, layernorm, VECTOR_BYTES, WARP, MAX_WARPS, MIN_WARPS, FWD_ROW_BYTES, BWD_ROW_MAX,
-           FWD_CHUNK, BWD_SLICE, SMALL_ROW_VECS, LANE_VECS, NARROW_ELEMENTS, tuple(LAYERNORM_BWD_ROWS.items()))  # fmt: skip
+           FWD_CHUNK, BWD_SLICE, SMALL_ROW_VECS, LANE_VECS, NARROW_ELEMENTS, tuple(LAYERNORM_BWD_ROWS.items()),
+           tuple(EXCHANGE_SLICES.items()), EXCHANGE_SLICES_FP32_LAYERNORM)  # fmt: skip
     got = _PLANS.get(key)
     if got is None:
         got = _PLANS[key] = _plan(direction, n, elem_size, layernorm)
@@ -171,7 +181,10 @@ def _plan(direction: str, n: int, elem_size: int, layernorm: bool = False) -> Pl
     width = next_pow2(n)
     vec = vector(n, elem_size)
     if width > limit:
-        return Plan(tile(piece, elem_size, vec, direction), -(-n // piece))
+        pieces = -(-n // piece)
+        most = EXCHANGE_SLICES[layernorm] if not (layernorm and elem_size == 4) else EXCHANGE_SLICES_FP32_LAYERNORM
+        exchange = direction == "bwd" and pieces <= most and not (layernorm and n < 2 * piece)
+        return Plan(tile(piece, elem_size, vec, direction), pieces, exchange)
     t = tile(width, elem_size, vec, direction)
     rows = LAYERNORM_BWD_ROWS.get(t.warps[1], 1) if layernorm and direction == "bwd" and elem_size == 2 else 1
     if rows > 1 and t.rows == 1:
