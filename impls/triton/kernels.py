@@ -347,6 +347,8 @@ def norm_fwd(x, weight, bias, eps, layernorm: bool, config: Config | None = None
 # Re-reads of the posted row sums a sliced program makes before it gives up on a sibling (see
 # ``_await_sums``): ~2^20 L2 round trips, about a second, far beyond any real wait.
 SPIN_LIMIT = 1 << 20
+# Nanoseconds a program sleeps between re-reads of its siblings' posts (0: none)
+BACKOFF_NS = 0
 # The most slots (rows x slices, padded to a power of two) a block may wait on: one warp's lanes.
 SYNC_SLOTS_MAX = 32
 
@@ -533,7 +535,15 @@ def _publish(SLOTS, slot, value, row_mask):
 
 
 @triton.jit
-def _await_sums(SLOTS, rows64, SLICES, SLICES_P2: tl.constexpr, row_mask, spin):
+def _pause(ns):
+    """Sleep about ``ns`` nanoseconds (``nanosleep``): a waiting program's re-reads then leave the
+    L2 to the loads of the programs still streaming."""
+    return tl.inline_asm_elementwise("nanosleep.u32 $1;\n\tmov.u32 $0, $1;", "=r,r", [ns], dtype=tl.int32,
+                                     is_pure=False, pack=1)  # fmt: skip
+
+
+@triton.jit
+def _await_sums(SLOTS, rows64, SLICES, SLICES_P2: tl.constexpr, row_mask, spin, BACKOFF: tl.constexpr):
     """The whole rows' sums, once every slice has posted its part: the slots of each row re-read
     (volatile: from L2, never a stale L1 line) until all carry the flag, then added in slice order,
     so every sibling gets the same bits and the result is the same run to run. The wait is bounded
@@ -554,6 +564,8 @@ def _await_sums(SLOTS, rows64, SLICES, SLICES_P2: tl.constexpr, row_mask, spin):
     v = tl.load(slots, mask=mask, other=posted, volatile=True)
     tries = 0
     while (tl.min(tl.min(v >> 32, axis=1), axis=0) == 0) & (tries < spin):
+        if BACKOFF:
+            _pause(tl.full([1], BACKOFF, tl.int32))
         v = tl.load(slots, mask=mask, other=posted, volatile=True)
         tries += 1
     all_posted = tl.min(tl.min(v >> 32, axis=1), axis=0) != 0
@@ -570,7 +582,7 @@ def _norm_bwd_slice_kernel(
     LAYERNORM: tl.constexpr, HAS_WEIGHT: tl.constexpr, HAS_DRESIDUAL: tl.constexpr,
     ROWS: tl.constexpr, SLICE: tl.constexpr, SLICES: tl.constexpr, SLICES_P2: tl.constexpr,
     SUMS_GIVEN: tl.constexpr, STREAM: tl.constexpr, VIEWS: tl.constexpr, SYNC: tl.constexpr,
-    SPIN, AHEAD: tl.constexpr,
+    SPIN, AHEAD: tl.constexpr, BACKOFF: tl.constexpr,
 ):  # fmt: skip
     """The backward for rows too wide for one program's registers. Each program owns one column
     slice of the rows of its row group: dx, and dw / db for its slice, accumulated in registers
@@ -656,9 +668,9 @@ def _norm_bwd_slice_kernel(
             x_next = tl.load(X + x_rows[:, None] + cols[None, :], mask=next_mask, other=0.0)
             dy_next = tl.load(DY + dy_rows[:, None] + cols[None, :], mask=next_mask, other=0.0)
         if SYNC:
-            sum_gxc, spin = _await_sums(ROW_SUMS, rows64, SLICES, SLICES_P2, row_mask, spin)
+            sum_gxc, spin = _await_sums(ROW_SUMS, rows64, SLICES, SLICES_P2, row_mask, spin, BACKOFF)
             if LAYERNORM:
-                sum_g, spin = _await_sums(ROW_SUMS + M * SLICES, rows64, SLICES, SLICES_P2, row_mask, spin)
+                sum_g, spin = _await_sums(ROW_SUMS + M * SLICES, rows64, SLICES, SLICES_P2, row_mask, spin, BACKOFF)
         if LAYERNORM:
             x = x - mean[:, None]
         if HAS_WEIGHT:  # re-read per block (an L1 hit) rather than held: its registers go to dw / db
@@ -740,7 +752,7 @@ def launch_bwd(cfg: Config, dy, x, weight, mean, rstd, layernorm: bool, dx, sums
             M, N, sdy, sx, sdres, sdx, max(heads, 1), sdyh, sxh, sdresh, sdxh,
             layernorm, weight is not None, dresidual is not None,
             cfg.rows, cfg.slice, slices, triton.next_power_of_2(slices), cfg.row_sums or cfg.sync,
-            min(cfg.chunk or cfg.slice, cfg.slice), heads > 0, sync, SPIN_LIMIT, cfg.ahead, num_warps=cfg.warps,
+            min(cfg.chunk or cfg.slice, cfg.slice), heads > 0, sync, SPIN_LIMIT, cfg.ahead, BACKOFF_NS, num_warps=cfg.warps,
         )  # fmt: skip
     else:
         args = (

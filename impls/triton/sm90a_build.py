@@ -105,7 +105,7 @@ def build_config(op: str, direction: str, n: int, cfg: C.Config, x_dtype="bf16",
         slices = triton.cdiv(n, cfg.slice)
         sliced = {"SLICE": cfg.slice, "SLICES": slices, "SLICES_P2": triton.next_power_of_2(slices),
                   "SUMS_GIVEN": cfg.row_sums or cfg.sync, "STREAM": min(cfg.chunk or cfg.slice, cfg.slice),
-                  "VIEWS": False, "SYNC": cfg.sync, "AHEAD": cfg.ahead}  # fmt: skip
+                  "VIEWS": False, "SYNC": cfg.sync, "AHEAD": cfg.ahead, "BACKOFF": K.BACKOFF_NS}  # fmt: skip
         if cfg.sync:  # the posted row sums: int64 slots
             pointers = {**pointers, "ROW_SUMS": "i64"}
         return build(K._norm_bwd_slice_kernel, pointers, {**flags, **sliced}, cfg.warps)
