@@ -341,7 +341,7 @@ def _bwd_kernel(
     M, N, NH, stride_dy, hstride_dy, stride_x, hstride_x, stride_dres, hstride_dres, stride_dx,
     LAYERNORM: gl.constexpr, HAS_WEIGHT: gl.constexpr, HAS_DRESIDUAL: gl.constexpr,
     ROWS: gl.constexpr, BLOCK_N: gl.constexpr, SLICES: gl.constexpr, SLICES_P2: gl.constexpr,
-    HEADS: gl.constexpr, layout: gl.constexpr, SYNC: gl.constexpr, SPIN, BACKOFF: gl.constexpr,
+    HEADS: gl.constexpr, layout: gl.constexpr, SYNC: gl.constexpr, SPIN, BACKOFF: gl.constexpr, AHEAD: gl.constexpr,
 ):  # fmt: skip
     """Program (group, slice) owns columns [slice * BLOCK_N, +BLOCK_N) of its group's row blocks
     (SLICES = 1: the whole row, whose reductions it computes itself). dy, x and dresidual_out may
@@ -375,16 +375,31 @@ def _bwd_kernel(
         rows < end, cols, col_mask,
     )  # fmt: skip
     mean_next, rstd_next = _row_stats(MEAN, RSTD, rows, rows < end, LAYERNORM)
+    if AHEAD == 2:  # and the block after it (slices: a second block in flight while the siblings post)
+        after = rows + ROWS
+        x_after, dy_after = _load_tiles(
+            DY, X, _starts(after, stride_dy, hstride_dy, NH, HEADS), _starts(after, stride_x, hstride_x, NH, HEADS),
+            after < end, cols, col_mask,
+        )  # fmt: skip
+        mean_after, rstd_after = _row_stats(MEAN, RSTD, after, after < end, LAYERNORM)
     for block in range(first, last):
         row_mask = rows < end
         mask = gl.expand_dims(row_mask, 1) & gl.expand_dims(col_mask, 0)
         x, dy, mean, rstd = x_next, dy_next, mean_next, rstd_next
-        ahead = rows + ROWS
-        x_next, dy_next = _load_tiles(
-            DY, X, _starts(ahead, stride_dy, hstride_dy, NH, HEADS), _starts(ahead, stride_x, hstride_x, NH, HEADS),
-            ahead < end, cols, col_mask,
-        )  # fmt: skip
-        mean_next, rstd_next = _row_stats(MEAN, RSTD, ahead, ahead < end, LAYERNORM)
+        ahead = rows + AHEAD * ROWS
+        if AHEAD == 2:
+            x_next, dy_next, mean_next, rstd_next = x_after, dy_after, mean_after, rstd_after
+            x_after, dy_after = _load_tiles(
+                DY, X, _starts(ahead, stride_dy, hstride_dy, NH, HEADS), _starts(ahead, stride_x, hstride_x, NH, HEADS),
+                ahead < end, cols, col_mask,
+            )  # fmt: skip
+            mean_after, rstd_after = _row_stats(MEAN, RSTD, ahead, ahead < end, LAYERNORM)
+        else:
+            x_next, dy_next = _load_tiles(
+                DY, X, _starts(ahead, stride_dy, hstride_dy, NH, HEADS), _starts(ahead, stride_x, hstride_x, NH, HEADS),
+                ahead < end, cols, col_mask,
+            )  # fmt: skip
+            mean_next, rstd_next = _row_stats(MEAN, RSTD, ahead, ahead < end, LAYERNORM)
         xc, dy, g = _bwd_terms(x, dy, W, mean, row_mask, cols, col_mask, LAYERNORM, HAS_WEIGHT)
         if SLICES == 1:
             sum_gxc = _sum(g * xc, axis=1)
@@ -647,7 +662,7 @@ def norm_bwd(dy, dres, x, weight, mean, rstd, layernorm: bool):
     constexprs = dict(
         LAYERNORM=layernorm, HAS_WEIGHT=has_weight, HAS_DRESIDUAL=dres is not None,
         ROWS=t.rows, BLOCK_N=t.width, SLICES=slices, SLICES_P2=next_pow2(slices), HEADS=heads > 0, layout=layout,
-        SYNC=sync, BACKOFF=BACKOFF_NS,
+        SYNC=sync, BACKOFF=BACKOFF_NS, AHEAD=p.ahead,
     )  # fmt: skip
     args["SPIN"] = SPIN_LIMIT
     # a cheap key (a call's host time counts at small M): the ints and dtypes that select the binary
