@@ -207,6 +207,27 @@ def test_every_kernel_compiles_for_sm90a(gluon_kernels, n, dtype, param_dtype):
 
 
 @pytest.mark.slow
+def test_many_slices_exchange_on_8_warps_and_wait_within_a_warp(gluon_kernels):
+    """From ``EXCHANGE_WIDE`` slices the exchanging backward takes 8-warp slice programs; every
+    wait loop of theirs is barrier-free; past ``EXCHANGE_SLICES`` the row-sums kernel returns."""
+    from harness.spec.ptx import spin_barriers
+    from impls.gluon import plan as P
+
+    k = gluon_kernels
+    for n, exchange in ((131072, True), (262144, False)):
+        x = torch.randn(2, n, dtype=torch.bfloat16)
+        w = torch.randn(n, dtype=torch.bfloat16)
+        for layernorm in (False, True):
+            with k.compile_only() as compiled:
+                k.norm_bwd(x, None, x, w, torch.zeros(2) if layernorm else None, torch.ones(2), layernorm)
+            names = [c.metadata.name for c in compiled]
+            main = compiled[names.index("_bwd_kernel")]
+            assert ("_bwd_row_sums_kernel" in names) != exchange, (n, layernorm, names)
+            assert main.metadata.num_warps == (P.BWD_SLICE_WARPS if exchange else 16), (n, layernorm)
+            assert spin_barriers(main.asm["ptx"]) == (0 if exchange else None), (n, layernorm)
+
+
+@pytest.mark.slow
 def test_small_rows_and_head_views_compile_with_128_bit_accesses(gluon_kernels):
     """QK-norm's rows (N = 128, the small-row tile) as (M, N) rows and as (T, NH, N) views of 3 of 7
     heads (two row strides): every kernel compiles for sm_90a, with 128-bit loads."""

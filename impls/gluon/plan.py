@@ -40,9 +40,9 @@ since Volta, not on SM counts or clocks):
   faster there; not the fused add's (slower), nor at 16 warps (two rows of 32 warps spill).
 * the wide backward's slices exchange their row sums through global memory (``kernels``) where
   that measured faster than the row-sums kernel on an H100 (reports/experiments/gluon-wide-sync/):
-  up to ``EXCHANGE_SLICES`` slices (with more, 16 warps a program polling for 16-32 siblings cost
-  more than the second read of x and dy saves), LayerNorm only from two whole slices and up to
-  four slices of fp32 rows.
+  up to ``EXCHANGE_SLICES`` slices (at 32 it lost whatever the warps: 28-41% against 54-61%), on
+  8 warps from 7 slices (16 warps lost from 8: 53% at 131072 against 67% on 8), LayerNorm only from
+  two whole slices and up to four slices of fp32 rows (fp32 at 8 warps not measured).
 * the persistent backward grid is as many programs as the SMs hold at once: kernels.py reads the
   compiled binary's registers and shared memory and counts the programs an SM keeps resident
   (``resident_programs``), so that no program waits for a second wave; without a binary to read
@@ -62,11 +62,13 @@ FWD_ROW_BYTES = 65536  # bytes of x a forward program keeps in registers (see ab
 BWD_ROW_MAX = 8192  # backward: x, dy and the dw/db accumulators, 16 per thread each at 16 warps
 FWD_CHUNK = 8192  # column chunk of the forward's wide-row path
 BWD_SLICE = 8192  # column slice of the backward's wide-row path
-# the wide backward's exchange of row sums: most slices, {False: RMSNorm kernels, True: LayerNorm}
-EXCHANGE_SLICES = {False: 8, True: 6}
+# the wide backward's exchange of row sums: most slices (LayerNorm of fp32 rows: fewer)
+EXCHANGE_SLICES = {False: 16, True: 16}
 EXCHANGE_SLICES_FP32_LAYERNORM = 4
-# the wide backward's slice programs: warps (None: the layout rules' 16) and row blocks loaded ahead
-BWD_SLICE_WARPS = None
+# slice programs that exchange take this many warps from ``EXCHANGE_WIDE`` slices on (None: the
+# layout rules' 16), and load this many row blocks ahead
+BWD_SLICE_WARPS = 8
+EXCHANGE_WIDE = 7
 BWD_SLICE_AHEAD = 1
 THREADS_PER_SM = 2048
 REGISTERS_PER_SM = 65536
@@ -187,9 +189,10 @@ def _plan(direction: str, n: int, elem_size: int, layernorm: bool = False) -> Pl
     if width > limit:
         pieces = -(-n // piece)
         most = EXCHANGE_SLICES[layernorm] if not (layernorm and elem_size == 4) else EXCHANGE_SLICES_FP32_LAYERNORM
+        # LayerNorm on one whole slice and a part lost (10240, 12288)
         exchange = direction == "bwd" and pieces <= most and not (layernorm and n < 2 * piece)
         t = tile(piece, elem_size, vec, direction)
-        if direction == "bwd" and BWD_SLICE_WARPS:
+        if exchange and BWD_SLICE_WARPS and pieces >= EXCHANGE_WIDE:
             t = Tile(t.width, t.vec, t.threads, (1, BWD_SLICE_WARPS))
         return Plan(t, pieces, exchange, BWD_SLICE_AHEAD if direction == "bwd" else 1)
     t = tile(width, elem_size, vec, direction)
