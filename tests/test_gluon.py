@@ -168,9 +168,8 @@ COMPILES += [(n, "fp16", "fp16") for n in (2880, 262144)]
 def test_every_kernel_compiles_for_sm90a(gluon_kernels, n, dtype, param_dtype):
     """Each op and direction compiles to a cubin through the host code the GPU runs, with
     128-bit global accesses wherever the row stride allows them."""
-    from impls.gluon.plan import plan
-
     from harness.spec.ptx import spin_barriers
+    from impls.gluon.plan import plan
 
     k = gluon_kernels
     shape = REGIMES[n]

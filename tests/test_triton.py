@@ -130,7 +130,7 @@ def test_pinned_exchanging_backwards_wait_within_each_warp():
     siblings (see ``kernels._await_sums``), and a control that has some, so the count is real. Built
     in a process of its own: this one may run Triton's interpreter, which cannot compile."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    proc = subprocess.run([sys.executable, "-m", "impls.triton.sm90a_build", "--waits"], env=env,
+    proc = subprocess.run([sys.executable, "-m", "impls.triton.sm90a_build", "--waits"], env=env, check=False,
                           capture_output=True, text=True, timeout=600)  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-2000:]
     waits = json.loads(proc.stdout.strip().splitlines()[-1])

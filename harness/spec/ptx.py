@@ -21,7 +21,14 @@ def spin_barriers(ptx: str) -> int | None:
             continue
         seen.add(head)
         label = lines[head].split(":")[0]
-        back = next((i for i in range(head, len(lines)) if lines[i].strip().startswith("bra") and lines[i].rstrip().endswith(label + ";")), None)
+        back = next(
+            (
+                i
+                for i in range(head, len(lines))
+                if lines[i].strip().startswith("bra") and lines[i].rstrip().endswith(label + ";")
+            ),
+            None,
+        )
         if back is not None:
             count += sum("bar.sync" in line for line in lines[head:back])
     return count

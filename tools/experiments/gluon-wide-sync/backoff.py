@@ -10,15 +10,17 @@ from __future__ import annotations
 import json
 import os
 import sys
-import time
 
 import torch
 
 sys.path.insert(0, os.getcwd())
-from harness.spec.contract import DTYPES  # noqa: E402
-from harness.spec.inputs import make_case  # noqa: E402
-from harness.spec.roofline import bytes_moved  # noqa: E402
-from harness.spec.shapes import Shape  # noqa: E402
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from gpu_timing import bench, finish_meta, start_meta
+
+from harness.spec.contract import DTYPES
+from harness.spec.inputs import make_case
+from harness.spec.roofline import bytes_moved
+from harness.spec.shapes import Shape
 
 ELEMS = 2**27
 OPS = ("rmsnorm", "layernorm", "add_rmsnorm")
@@ -28,21 +30,11 @@ TRITON_SYNC = {"rows": 1, "warps": 8, "slice": 8192, "sync": True, "ahead": 2}
 TRITON_ROW_SUMS = {"rows": 1, "warps": 16, "slice": 8192, "row_sums": True}
 
 
-def bench(fn):
-    import triton.testing
-
-    fn()
-    torch.cuda.synchronize()
-    return triton.testing.do_bench(fn, warmup=10, rep=40, return_mode="median")
-
-
 def main(out_dir):
-    import triton
 
     from harness.registry import get
     from harness.run.bench import callables
     from harness.run.checker import run_check
-    from harness.run.timer import measure_copy_bandwidth
     from impls.gluon import kernels as G
     from impls.gluon import plan as P
     from impls.triton import kernels as T
@@ -56,10 +48,8 @@ def main(out_dir):
     variants = {"gluon": gluon.kernels("cuda")}
     tk = {"row_sums": pinned_kernels(triton_impl, None, Config(**TRITON_ROW_SUMS)),
           "sync": pinned_kernels(triton_impl, None, Config(**TRITON_SYNC))}  # fmt: skip
-    meta = {"gpu": torch.cuda.get_device_name(), "triton": triton.__version__, "commit": os.environ.get("NORMBENCH_COMMIT"),
-            "copy_before": measure_copy_bandwidth(trials=2), "triton_sync": TRITON_SYNC, "triton_row_sums": TRITON_ROW_SUMS}  # fmt: skip
+    meta = start_meta(triton_sync=TRITON_SYNC, triton_row_sums=TRITON_ROW_SUMS)
     copy = meta["copy_before"]["tbps"]
-    t0 = time.time()
     with open(os.path.join(out_dir, "results.jsonl"), "w") as f:
         for n in WIDE_N:
             for op in OPS:
@@ -106,10 +96,7 @@ def main(out_dir):
                 print(op, n, rec["checks"], rec["frac"], flush=True)
                 del fns, case
                 torch.cuda.empty_cache()
-    meta["copy_after"] = measure_copy_bandwidth(trials=2)
-    meta["time_s"] = round(time.time() - t0, 1)
-    with open(os.path.join(out_dir, "meta.json"), "w") as f:
-        json.dump(meta, f, indent=1)
+    finish_meta(out_dir, meta)
 
 
 if __name__ == "__main__":

@@ -10,45 +10,34 @@ from __future__ import annotations
 import json
 import os
 import sys
-import time
 
 import torch
 
 sys.path.insert(0, os.getcwd())
-from harness.spec.contract import DTYPES  # noqa: E402
-from harness.spec.inputs import make_case  # noqa: E402
-from harness.spec.roofline import bytes_moved  # noqa: E402
-from harness.spec.shapes import Shape  # noqa: E402
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from gpu_timing import bench, finish_meta, start_meta
+
+from harness.spec.contract import DTYPES
+from harness.spec.inputs import make_case
+from harness.spec.roofline import bytes_moved
+from harness.spec.shapes import Shape
 
 ELEMS = 2**27
 OPS = ("rmsnorm", "layernorm", "add_rmsnorm")
 WIDE_N = (10240, 12288, 16384, 24576, 32768, 49152, 65536, 131072, 262144)
 
 
-def bench(fn):
-    import triton.testing
-
-    fn()
-    torch.cuda.synchronize()
-    return triton.testing.do_bench(fn, warmup=10, rep=40, return_mode="median")
-
-
 def main(out_dir, dtypes):
-    import triton
-
     from harness.registry import get
     from harness.run.bench import callables
     from harness.run.checker import run_check
-    from harness.run.timer import measure_copy_bandwidth
     from impls.gluon import kernels as K
 
     os.makedirs(out_dir, exist_ok=True)
     impl = get("gluon")
     kernels = impl.kernels("cuda")
-    meta = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
-            "commit": os.environ.get("NORMBENCH_COMMIT"), "copy_before": measure_copy_bandwidth(trials=2)}  # fmt: skip
+    meta = start_meta()
     copy = meta["copy_before"]["tbps"]
-    t0 = time.time()
     with open(os.path.join(out_dir, "results.jsonl"), "w") as f:
         for dt in dtypes:
             for n in WIDE_N:
@@ -84,10 +73,7 @@ def main(out_dir, dtypes):
                     print(json.dumps(rec), flush=True)
                     del fn, case, first, dx
                     torch.cuda.empty_cache()
-    meta["copy_after"] = measure_copy_bandwidth(trials=2)
-    meta["time_s"] = round(time.time() - t0, 1)
-    with open(os.path.join(out_dir, "meta.json"), "w") as f:
-        json.dump(meta, f, indent=1)
+    finish_meta(out_dir, meta)
 
 
 if __name__ == "__main__":

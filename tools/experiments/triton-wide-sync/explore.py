@@ -16,23 +16,36 @@ import time
 import torch
 
 sys.path.insert(0, os.getcwd())
-from harness.spec.contract import DTYPES  # noqa: E402
-from harness.spec.inputs import make_case  # noqa: E402
-from harness.spec.roofline import bytes_moved  # noqa: E402
-from harness.spec.shapes import Shape  # noqa: E402
-from impls.triton.configs import Config  # noqa: E402
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from gpu_timing import bench, finish_meta, start_meta
+
+from harness.spec.contract import DTYPES
+from harness.spec.inputs import make_case
+from harness.spec.roofline import bytes_moved
+from harness.spec.shapes import Shape
+from impls.triton.configs import Config
 
 ELEMS = 2**27
 OPS = ("rmsnorm", "layernorm", "add_rmsnorm")
-WIDE_N = tuple(int(n) for n in os.environ.get("WIDE_N", "10240,12288,16384,24576,32768,49152,65536,131072,262144").split(","))
+WIDE_N = tuple(
+    int(n) for n in os.environ.get("WIDE_N", "10240,12288,16384,24576,32768,49152,65536,131072,262144").split(",")
+)
 
 
 ROUND = os.environ.get("ROUND", "2")
 # round 1: slice width x warps, one block loaded ahead; round 2: two blocks ahead, two rows a block
 GRID = {
     "1": [(1, 8192, 16, 1), (1, 4096, 8, 1), (1, 4096, 16, 1), (1, 8192, 8, 1), (1, 2048, 8, 1)],
-    "2": [(1, 8192, 16, 1), (1, 8192, 8, 1), (1, 8192, 16, 2), (1, 8192, 8, 2), (1, 4096, 8, 2),
-          (2, 4096, 8, 1), (2, 4096, 8, 2), (2, 8192, 16, 1)],
+    "2": [
+        (1, 8192, 16, 1),
+        (1, 8192, 8, 1),
+        (1, 8192, 16, 2),
+        (1, 8192, 8, 2),
+        (1, 4096, 8, 2),
+        (2, 4096, 8, 1),
+        (2, 4096, 8, 2),
+        (2, 8192, 16, 1),
+    ],
 }
 
 
@@ -41,7 +54,9 @@ def candidates(n):
     for rows, sl, warps, ahead in GRID[ROUND]:
         slices = -(-n // sl)
         if 2 <= slices <= 32 and sl * (slices - 1) < n:
-            out.append({"rows": rows, "warps": warps, "slice": sl, "sync": True, **({"ahead": 2} if ahead == 2 else {})})
+            out.append(
+                {"rows": rows, "warps": warps, "slice": sl, "sync": True, **({"ahead": 2} if ahead == 2 else {})}
+            )
     return out
 
 
@@ -82,25 +97,13 @@ def warm(i, k):
     torch.cuda.synchronize()
 
 
-def bench(fn):
-    import triton.testing
-
-    fn()
-    torch.cuda.synchronize()
-    return triton.testing.do_bench(fn, warmup=10, rep=40, return_mode="median")
-
-
 def run(out_dir, budget_s, dtype="bf16"):
-    import triton
 
     from harness.run.checker import run_check
-    from harness.run.timer import measure_copy_bandwidth
 
     t0 = time.time()
     os.makedirs(out_dir, exist_ok=True)
-    meta = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
-            "commit": os.environ.get("NORMBENCH_COMMIT"), "dtype": dtype,
-            "copy_before": measure_copy_bandwidth(trials=2)}  # fmt: skip
+    meta = start_meta(dtype=dtype)
     copy_tbps = meta["copy_before"]["tbps"]
     kernels_for(None)
     points = {}
@@ -143,10 +146,7 @@ def run(out_dir, budget_s, dtype="bf16"):
             f.flush()
             del launch
             torch.cuda.empty_cache()
-    meta["copy_after"] = measure_copy_bandwidth(trials=2)
-    meta["time_s"] = round(time.time() - t0, 1)
-    with open(os.path.join(out_dir, "meta.json"), "w") as f:
-        json.dump(meta, f, indent=1)
+    finish_meta(out_dir, meta)
 
 
 if __name__ == "__main__":

@@ -14,14 +14,13 @@ import time
 import torch
 
 sys.path.insert(0, os.getcwd())
-from harness.spec.contract import DTYPES  # noqa: E402
-from harness.spec.inputs import make_case  # noqa: E402
-from harness.spec.shapes import Shape  # noqa: E402
-from impls.triton import kernels as K  # noqa: E402
-from harness.run.bench import callables  # noqa: E402
+from harness.run.bench import callables
+from harness.spec.contract import DTYPES
+from harness.spec.inputs import make_case
+from harness.spec.shapes import Shape
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from explore import kernels_for  # noqa: E402
+from explore import kernels_for
 
 CASES = [  # (op, N, M, config): the pinned H100 entries' shapes, a few rows short of a group each
     *[(op, n, m, {"rows": 1, "warps": w, "slice": 8192, "sync": True, **a})
@@ -35,31 +34,31 @@ CASES = [  # (op, N, M, config): the pinned H100 entries' shapes, a few rows sho
 
 def main(out_dir, launches):
     os.makedirs(out_dir, exist_ok=True)
-    out = open(os.path.join(out_dir, "stress.jsonl"), "w")
-    for op, n, m, cfg in CASES:
-        case = make_case(op, Shape((m, n)), DTYPES["bf16"], "cuda")
-        run = callables(kernels_for(cfg), op, "bwd", case)
-        ref = callables(kernels_for({"rows": 1, "warps": 16, "slice": 8192, "row_sums": True}), op, "bwd", case)()
-        ref = ref[0].float()
-        first, nan_launches, differ, worst = None, 0, 0, 0.0
-        t0 = time.time()
-        for i in range(launches):
-            dx = run()[0]
-            bad = torch.isnan(dx).any(dim=1).sum().item()
-            nan_launches += bad > 0
-            if first is None:
-                first = dx.clone()
-            elif not torch.equal(dx, first):
-                differ += 1
-            if not bad:
-                worst = max(worst, (dx.float() - ref).abs().max().item())
-        torch.cuda.synchronize()
-        rec = {"op": op, "N": n, "M": m, "config": cfg, "launches": launches,
-               "launches_with_nan_rows": nan_launches, "launches_differing_from_first": differ,
-               "max_abs_diff_vs_row_sums": worst, "s": round(time.time() - t0, 2)}  # fmt: skip
-        out.write(json.dumps(rec) + "\n")
-        out.flush()
-        print(json.dumps(rec), flush=True)
+    with open(os.path.join(out_dir, "stress.jsonl"), "w") as out:
+        for op, n, m, cfg in CASES:
+            case = make_case(op, Shape((m, n)), DTYPES["bf16"], "cuda")
+            run = callables(kernels_for(cfg), op, "bwd", case)
+            ref = callables(kernels_for({"rows": 1, "warps": 16, "slice": 8192, "row_sums": True}), op, "bwd", case)()
+            ref = ref[0].float()
+            first, nan_launches, differ, worst = None, 0, 0, 0.0
+            t0 = time.time()
+            for i in range(launches):
+                dx = run()[0]
+                bad = torch.isnan(dx).any(dim=1).sum().item()
+                nan_launches += bad > 0
+                if first is None:
+                    first = dx.clone()
+                elif not torch.equal(dx, first):
+                    differ += 1
+                if not bad:
+                    worst = max(worst, (dx.float() - ref).abs().max().item())
+            torch.cuda.synchronize()
+            rec = {"op": op, "N": n, "M": m, "config": cfg, "launches": launches,
+                   "launches_with_nan_rows": nan_launches, "launches_differing_from_first": differ,
+                   "max_abs_diff_vs_row_sums": worst, "s": round(time.time() - t0, 2)}  # fmt: skip
+            out.write(json.dumps(rec) + "\n")
+            out.flush()
+            print(json.dumps(rec), flush=True)
 
 
 if __name__ == "__main__":
