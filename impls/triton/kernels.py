@@ -88,7 +88,10 @@ each row realigned by a per-row shift, and Triton's layouts are static: ``tl.gat
 lowers to a chain of warp shuffles (some 16K for a 4096-wide bf16 row, which ptxas took minutes
 over), and no other operation moves data between threads by a run-time offset. Loading whole
 vectors from each row's aligned start and computing in shifted columns instead makes the weight a
-per-row gather and the dw columns differ from row to row.
+per-row gather and the dw columns differ from row to row, unless a program takes only rows of one
+shift (row r starts (r * N) mod 8 elements into a vector: a persistent program whose rows are r0,
+r0 + G, ... with G a multiple of 8 keeps one shift, and with it one shifted weight and dw); with a
+scalar head and tail per row for dx, that design is not built yet.
 
 Rows too wide for one program's registers in the backward (above 16384): a 32768-wide row's dw
 accumulator alone is 128 KB of fp32, half an SM's register file, so the program that owns a row
