@@ -1,0 +1,49 @@
+"""Repeated launches of Gluon's exchanging wide-row backward as the plan runs it: launches with a NaN
+row (a wait that ran out), launches whose dx differs from the first, bf16, M * N = 2^27.
+
+python tools/experiments/gluon-wide-sync/stress.py OUT [LAUNCHES]
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.getcwd())
+from harness.spec.contract import DTYPES
+from harness.spec.inputs import make_case
+from harness.spec.shapes import Shape
+
+CASES = [(op, n) for op in ("rmsnorm", "layernorm", "add_rmsnorm") for n in (16384, 24576, 49152, 65536, 131072)]
+
+
+def main(out_dir, launches):
+    from harness.registry import get
+    from harness.run.bench import callables
+    from impls.gluon.plan import plan
+
+    os.makedirs(out_dir, exist_ok=True)
+    kernels = get("gluon").kernels("cuda")
+    with open(os.path.join(out_dir, "stress.jsonl"), "w") as out:
+        for op, n in CASES:
+            for m in (2**27 // n, 37):
+                run = callables(kernels, op, "bwd", make_case(op, Shape((m, n)), DTYPES["bf16"], "cuda"))
+                first, nan, differ = None, 0, 0
+                for _ in range(launches):
+                    dx = run()[0]
+                    nan += bool(torch.isnan(dx).any().item())
+                    if first is None:
+                        first = dx.clone()
+                    differ += not torch.equal(first, dx)
+                p = plan("bwd", n, 2, op == "layernorm")
+                rec = {"op": op, "N": n, "M": m, "exchange": p.exchange, "warps": p.tile.num_warps,
+                       "launches": launches, "launches_with_nan": nan, "launches_differing": differ}  # fmt: skip
+                out.write(json.dumps(rec) + "\n")
+                print(json.dumps(rec), flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], int(sys.argv[2]) if len(sys.argv) > 2 else 50)
