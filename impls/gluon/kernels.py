@@ -464,7 +464,7 @@ def _sum_partials_kernel(PARTIALS, OUT, P, P_STRIDE, N, BLOCK_P: gl.constexpr, B
 # (``Plan.exchange``); off, a first kernel sums every (row, slice) and x and dy are read twice
 EXCHANGE = True
 SYNC_SLOTS_MAX = 32  # slots (rows x slices, padded to a power of two) a block may wait on: one warp
-BACKOFF_NS = 0  # nanoseconds a program sleeps between re-reads of its siblings' posts (0: none)
+BACKOFF_NS = 0  # ns a program sleeps between re-reads of its siblings' posts (0: none; docs/kernels/gluon.md)
 SPIN_LIMIT = 1 << 20  # re-reads of the posted sums before a program gives up on a sibling (~1 s)
 _COMPILE_ONLY: list = []  # a stack of lists collecting compiled kernels
 _INTERPRETED: list = []  # a stack of {kernel name: interpreted copy} (interpret.layouts_erased)

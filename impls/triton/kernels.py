@@ -350,7 +350,8 @@ def norm_fwd(x, weight, bias, eps, layernorm: bool, config: Config | None = None
 # Re-reads of the posted row sums a sliced program makes before it gives up on a sibling (see
 # ``_await_sums``): ~2^20 L2 round trips, about a second, far beyond any real wait.
 SPIN_LIMIT = 1 << 20
-# Nanoseconds a program sleeps between re-reads of its siblings' posts (0: none)
+# Nanoseconds a program sleeps between re-reads of its siblings' posts (0: none; 100 and 400 ns lost
+# 0-5 points on an H100: docs/kernels/triton.md)
 BACKOFF_NS = 0
 # The most slots (rows x slices, padded to a power of two) a block may wait on: one warp's lanes.
 SYNC_SLOTS_MAX = 32
