@@ -64,6 +64,7 @@ def test_warm_runs_every_point_once_and_records_it(tmp_path):
         (op, d, s.label) for op in ("rmsnorm", "layernorm") for d in ("fwd", "bwd") for s in shapes
     )
     assert all(r["status"] == "ok" and r["search_s"] >= 0 for r in rows), rows
+    assert all(r["load_1m"] >= 0 and r["cores"] >= 1 for r in rows), rows
     written = [json.loads(line) for line in (tmp_path / "warm.jsonl").read_text().splitlines()]
     assert written == rows
     assert not (tmp_path / ".warm.lock").exists()

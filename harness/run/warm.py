@@ -14,7 +14,7 @@ What it leaves: Inductor's and Triton's on-disk caches (``TORCHINDUCTOR_CACHE_DI
 ``TRITON_CACHE_DIR``: the defaults, or whatever the caller sets for both commands), with each
 kernel's chosen config. A `normbench bench` of the same points then compiles from them: its
 ``compile_s`` is a cache hit, not the search, so ``warm.jsonl`` (written here, one line per point)
-keeps each point's search seconds. Nothing is checked or timed here: correctness and timing are
+keeps each point's search seconds, with the host's 1-minute load average when it ended. Nothing is checked or timed here: correctness and timing are
 `normbench bench`'s, in one process, with the GPU to itself.
 
 How close a warmed search comes to one alone (compile-max-autotune, 8 workers on 16 host cores,
@@ -122,6 +122,9 @@ def warm_point(impl_name: str, op: str, direction: str, shape, dtype: str, weigh
         row["status"] = "error"
         row["reason"] = describe_error(e)
     row["search_s"] = round(time.perf_counter() - t0, 2)
+    # the host's CPU load as the search ends, beside its cores: whether the searches of a fan-out
+    # wait for the CPU that compiles their candidates (docs/scale-out.md)
+    row["load_1m"], row["cores"] = round(os.getloadavg()[0], 1), os.cpu_count()
     return row
 
 
