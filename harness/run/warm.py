@@ -14,8 +14,9 @@ What it leaves: Inductor's and Triton's on-disk caches (``TORCHINDUCTOR_CACHE_DI
 ``TRITON_CACHE_DIR``: the defaults, or whatever the caller sets for both commands), with each
 kernel's chosen config. A `normbench bench` of the same points then compiles from them: its
 ``compile_s`` is a cache hit, not the search, so ``warm.jsonl`` (written here, one line per point)
-keeps each point's search seconds, with the host's 1-minute load average when it ended. Nothing is checked or timed here: correctness and timing are
-`normbench bench`'s, in one process, with the GPU to itself.
+keeps each point's search seconds, with the host's 1-minute load average when it ended. Nothing
+is checked or timed here: correctness and timing are `normbench bench`'s, in one process, with the
+GPU to itself.
 
 How close a warmed search comes to one alone (compile-max-autotune, 8 workers on 16 host cores,
 fp16 sweep; ``compile-max-autotune-sequential-control/`` in both GPUs' 2026-11-24 report folders):

@@ -308,14 +308,7 @@ def _publish(SLOT, value, row_mask):
 
 
 @gluon.jit
-def _pause(ns):
-    """Sleep about ``ns`` nanoseconds (``nanosleep``) between re-reads of the siblings' posts."""
-    return gl.inline_asm_elementwise("nanosleep.u32 $1;\n\tmov.u32 $0, $1;", "=r,r", [ns], dtype=gl.int32,
-                                     is_pure=False, pack=1)  # fmt: skip
-
-
-@gluon.jit
-def _await_sums(slots, mask, spin, BACKOFF: gl.constexpr):
+def _await_sums(slots, mask, spin):
     """The rows' sums over every slice, once all have posted (``slots``: [rows, slices] pointers):
     re-read (volatile: from L2) until every slot carries its flag, then added in slice order, the
     same bits in every sibling. The slots lie within one warp in the sliced tiles' layout, so every
@@ -326,8 +319,6 @@ def _await_sums(slots, mask, spin, BACKOFF: gl.constexpr):
     v = gl.load(slots, mask=mask, other=4294967296, volatile=True)
     tries = 0
     while (gl.reduce(gl.reduce(v >> 32, 1, _min), 0, _min) == 0) & (tries < spin):
-        if BACKOFF:
-            _pause((v >> 32).to(gl.int32) * 0 + BACKOFF)
         v = gl.load(slots, mask=mask, other=4294967296, volatile=True)
         tries += 1
     posted = gl.reduce(gl.reduce(v >> 32, 1, _min), 0, _min) != 0
@@ -341,7 +332,7 @@ def _bwd_kernel(
     M, N, NH, stride_dy, hstride_dy, stride_x, hstride_x, stride_dres, hstride_dres, stride_dx,
     LAYERNORM: gl.constexpr, HAS_WEIGHT: gl.constexpr, HAS_DRESIDUAL: gl.constexpr,
     ROWS: gl.constexpr, BLOCK_N: gl.constexpr, SLICES: gl.constexpr, SLICES_P2: gl.constexpr,
-    HEADS: gl.constexpr, layout: gl.constexpr, SYNC: gl.constexpr, SPIN, BACKOFF: gl.constexpr, AHEAD: gl.constexpr,
+    HEADS: gl.constexpr, layout: gl.constexpr, SYNC: gl.constexpr, SPIN,
 ):  # fmt: skip
     """Program (group, slice) owns columns [slice * BLOCK_N, +BLOCK_N) of its group's row blocks
     (SLICES = 1: the whole row, whose reductions it computes itself). dy, x and dresidual_out may
@@ -375,31 +366,16 @@ def _bwd_kernel(
         rows < end, cols, col_mask,
     )  # fmt: skip
     mean_next, rstd_next = _row_stats(MEAN, RSTD, rows, rows < end, LAYERNORM)
-    if AHEAD == 2:  # and the block after it (slices: a second block in flight while the siblings post)
-        after = rows + ROWS
-        x_after, dy_after = _load_tiles(
-            DY, X, _starts(after, stride_dy, hstride_dy, NH, HEADS), _starts(after, stride_x, hstride_x, NH, HEADS),
-            after < end, cols, col_mask,
-        )  # fmt: skip
-        mean_after, rstd_after = _row_stats(MEAN, RSTD, after, after < end, LAYERNORM)
     for block in range(first, last):
         row_mask = rows < end
         mask = gl.expand_dims(row_mask, 1) & gl.expand_dims(col_mask, 0)
         x, dy, mean, rstd = x_next, dy_next, mean_next, rstd_next
-        ahead = rows + AHEAD * ROWS
-        if AHEAD == 2:
-            x_next, dy_next, mean_next, rstd_next = x_after, dy_after, mean_after, rstd_after
-            x_after, dy_after = _load_tiles(
-                DY, X, _starts(ahead, stride_dy, hstride_dy, NH, HEADS), _starts(ahead, stride_x, hstride_x, NH, HEADS),
-                ahead < end, cols, col_mask,
-            )  # fmt: skip
-            mean_after, rstd_after = _row_stats(MEAN, RSTD, ahead, ahead < end, LAYERNORM)
-        else:
-            x_next, dy_next = _load_tiles(
-                DY, X, _starts(ahead, stride_dy, hstride_dy, NH, HEADS), _starts(ahead, stride_x, hstride_x, NH, HEADS),
-                ahead < end, cols, col_mask,
-            )  # fmt: skip
-            mean_next, rstd_next = _row_stats(MEAN, RSTD, ahead, ahead < end, LAYERNORM)
+        ahead = rows + ROWS
+        x_next, dy_next = _load_tiles(
+            DY, X, _starts(ahead, stride_dy, hstride_dy, NH, HEADS), _starts(ahead, stride_x, hstride_x, NH, HEADS),
+            ahead < end, cols, col_mask,
+        )  # fmt: skip
+        mean_next, rstd_next = _row_stats(MEAN, RSTD, ahead, ahead < end, LAYERNORM)
         xc, dy, g = _bwd_terms(x, dy, W, mean, row_mask, cols, col_mask, LAYERNORM, HAS_WEIGHT)
         if SLICES == 1:
             sum_gxc = _sum(g * xc, axis=1)
@@ -414,10 +390,10 @@ def _bwd_kernel(
                 _publish(ROW_SUMS + own, _sum(g * xc, axis=1), row_mask)
                 if LAYERNORM:
                     _publish(ROW_SUMS + M * SLICES + own, _sum(g, axis=1), row_mask)
-                sum_gxc, spin = _await_sums(ROW_SUMS + at, sums_mask, spin, BACKOFF)
+                sum_gxc, spin = _await_sums(ROW_SUMS + at, sums_mask, spin)
                 sum_g = sum_gxc
                 if LAYERNORM:
-                    sum_g, spin = _await_sums(ROW_SUMS + M * SLICES + at, sums_mask, spin, BACKOFF)
+                    sum_g, spin = _await_sums(ROW_SUMS + M * SLICES + at, sums_mask, spin)
             else:
                 sum_gxc = _sum(gl.load(ROW_SUMS + at, mask=sums_mask, other=0.0), axis=1)
                 sum_g = _sum(gl.load(ROW_SUMS + M * SLICES + at, mask=sums_mask, other=0.0), axis=1)
@@ -464,7 +440,6 @@ def _sum_partials_kernel(PARTIALS, OUT, P, P_STRIDE, N, BLOCK_P: gl.constexpr, B
 # (``Plan.exchange``); off, a first kernel sums every (row, slice) and x and dy are read twice
 EXCHANGE = True
 SYNC_SLOTS_MAX = 32  # slots (rows x slices, padded to a power of two) a block may wait on: one warp
-BACKOFF_NS = 0  # ns a program sleeps between re-reads of its siblings' posts (0: none; docs/kernels/gluon.md)
 SPIN_LIMIT = 1 << 20  # re-reads of the posted sums before a program gives up on a sibling (~1 s)
 _COMPILE_ONLY: list = []  # a stack of lists collecting compiled kernels
 _INTERPRETED: list = []  # a stack of {kernel name: interpreted copy} (interpret.layouts_erased)
@@ -662,7 +637,7 @@ def norm_bwd(dy, dres, x, weight, mean, rstd, layernorm: bool):
     constexprs = dict(
         LAYERNORM=layernorm, HAS_WEIGHT=has_weight, HAS_DRESIDUAL=dres is not None,
         ROWS=t.rows, BLOCK_N=t.width, SLICES=slices, SLICES_P2=next_pow2(slices), HEADS=heads > 0, layout=layout,
-        SYNC=sync, BACKOFF=BACKOFF_NS, AHEAD=p.ahead,
+        SYNC=sync,
     )  # fmt: skip
     args["SPIN"] = SPIN_LIMIT
     # a cheap key (a call's host time counts at small M): the ints and dtypes that select the binary

@@ -63,13 +63,12 @@ BWD_ROW_MAX = 8192  # backward: x, dy and the dw/db accumulators, 16 per thread 
 FWD_CHUNK = 8192  # column chunk of the forward's wide-row path
 BWD_SLICE = 8192  # column slice of the backward's wide-row path
 # the wide backward's exchange of row sums: most slices (LayerNorm of fp32 rows: fewer)
-EXCHANGE_SLICES = {False: 16, True: 16}
+EXCHANGE_SLICES = 16
 EXCHANGE_SLICES_FP32_LAYERNORM = 4
 # slice programs that exchange take this many warps from ``EXCHANGE_WIDE`` slices on (None: the
-# layout rules' 16), and load this many row blocks ahead
+# layout rules' 16)
 BWD_SLICE_WARPS = 8
 EXCHANGE_WIDE = 7
-BWD_SLICE_AHEAD = 1
 THREADS_PER_SM = 2048
 REGISTERS_PER_SM = 65536
 REGISTER_UNIT = 256  # registers are allocated per warp in units of 256
@@ -155,7 +154,6 @@ class Plan:
     tile: Tile
     pieces: int  # 1: the whole row in one tile; > 1: chunks (forward) or slices (backward)
     exchange: bool = False  # backward slices: exchange their row sums (else the row-sums kernel)
-    ahead: int = 1  # backward: row blocks whose loads run ahead of the math
 
     @property
     def wide(self) -> bool:
@@ -171,7 +169,7 @@ def plan(direction: str, n: int, elem_size: int, layernorm: bool = False) -> Pla
     constants above, which experiments and tests change)."""
     key = (direction, n, elem_size, layernorm, VECTOR_BYTES, WARP, MAX_WARPS, MIN_WARPS, FWD_ROW_BYTES, BWD_ROW_MAX,
            FWD_CHUNK, BWD_SLICE, SMALL_ROW_VECS, LANE_VECS, NARROW_ELEMENTS, tuple(LAYERNORM_BWD_ROWS.items()),
-           tuple(EXCHANGE_SLICES.items()), EXCHANGE_SLICES_FP32_LAYERNORM, BWD_SLICE_WARPS, BWD_SLICE_AHEAD)  # fmt: skip
+           EXCHANGE_SLICES, EXCHANGE_SLICES_FP32_LAYERNORM, BWD_SLICE_WARPS, EXCHANGE_WIDE)  # fmt: skip
     got = _PLANS.get(key)
     if got is None:
         got = _PLANS[key] = _plan(direction, n, elem_size, layernorm)
@@ -188,13 +186,13 @@ def _plan(direction: str, n: int, elem_size: int, layernorm: bool = False) -> Pl
     vec = vector(n, elem_size)
     if width > limit:
         pieces = -(-n // piece)
-        most = EXCHANGE_SLICES[layernorm] if not (layernorm and elem_size == 4) else EXCHANGE_SLICES_FP32_LAYERNORM
+        most = EXCHANGE_SLICES_FP32_LAYERNORM if layernorm and elem_size == 4 else EXCHANGE_SLICES
         # LayerNorm on one whole slice and a part lost (10240, 12288)
         exchange = direction == "bwd" and pieces <= most and not (layernorm and n < 2 * piece)
         t = tile(piece, elem_size, vec, direction)
         if exchange and BWD_SLICE_WARPS and pieces >= EXCHANGE_WIDE:
             t = Tile(t.width, t.vec, t.threads, (1, BWD_SLICE_WARPS))
-        return Plan(t, pieces, exchange, BWD_SLICE_AHEAD if direction == "bwd" else 1)
+        return Plan(t, pieces, exchange)
     t = tile(width, elem_size, vec, direction)
     rows = LAYERNORM_BWD_ROWS.get(t.warps[1], 1) if layernorm and direction == "bwd" and elem_size == 2 else 1
     if rows > 1 and t.rows == 1:

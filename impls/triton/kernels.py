@@ -350,9 +350,6 @@ def norm_fwd(x, weight, bias, eps, layernorm: bool, config: Config | None = None
 # Re-reads of the posted row sums a sliced program makes before it gives up on a sibling (see
 # ``_await_sums``): ~2^20 L2 round trips, about a second, far beyond any real wait.
 SPIN_LIMIT = 1 << 20
-# Nanoseconds a program sleeps between re-reads of its siblings' posts (0: none; 100 and 400 ns lost
-# 0-5 points on an H100: docs/kernels/triton.md)
-BACKOFF_NS = 0
 # The most slots (rows x slices, padded to a power of two) a block may wait on: one warp's lanes.
 SYNC_SLOTS_MAX = 32
 
@@ -539,15 +536,7 @@ def _publish(SLOTS, slot, value, row_mask):
 
 
 @triton.jit
-def _pause(ns):
-    """Sleep about ``ns`` nanoseconds (``nanosleep``): a waiting program's re-reads then leave the
-    L2 to the loads of the programs still streaming."""
-    return tl.inline_asm_elementwise("nanosleep.u32 $1;\n\tmov.u32 $0, $1;", "=r,r", [ns], dtype=tl.int32,
-                                     is_pure=False, pack=1)  # fmt: skip
-
-
-@triton.jit
-def _await_sums(SLOTS, rows64, SLICES, SLICES_P2: tl.constexpr, row_mask, spin, BACKOFF: tl.constexpr):
+def _await_sums(SLOTS, rows64, SLICES, SLICES_P2: tl.constexpr, row_mask, spin):
     """The whole rows' sums, once every slice has posted its part: the slots of each row re-read
     (volatile: from L2, never a stale L1 line) until all carry the flag, then added in slice order,
     so every sibling gets the same bits and the result is the same run to run. The wait is bounded
@@ -560,7 +549,7 @@ def _await_sums(SLOTS, rows64, SLICES, SLICES_P2: tl.constexpr, row_mask, spin, 
     empty to posted. Spread over warps, the test that ends the loop is a reduction across warps,
     whose copies were read at different moments: warps then left the loop on different iterations
     and out of step with each other's barriers (2 rows x 32 slices gave NaN rows on an H100; the
-    compiled loop held a ``bar.sync``, which ``sm90a_build.spin_barriers`` counts)."""
+    compiled loop held a ``bar.sync``, which ``harness.spec.ptx.spin_barriers`` counts)."""
     k = tl.arange(0, SLICES_P2)
     slots = SLOTS + rows64[:, None] * SLICES + k[None, :]
     mask = row_mask[:, None] & (k < SLICES)[None, :]
@@ -568,8 +557,6 @@ def _await_sums(SLOTS, rows64, SLICES, SLICES_P2: tl.constexpr, row_mask, spin, 
     v = tl.load(slots, mask=mask, other=posted, volatile=True)
     tries = 0
     while (tl.min(tl.min(v >> 32, axis=1), axis=0) == 0) & (tries < spin):
-        if BACKOFF:
-            _pause(tl.full([1], BACKOFF, tl.int32))
         v = tl.load(slots, mask=mask, other=posted, volatile=True)
         tries += 1
     all_posted = tl.min(tl.min(v >> 32, axis=1), axis=0) != 0
@@ -586,7 +573,7 @@ def _norm_bwd_slice_kernel(
     LAYERNORM: tl.constexpr, HAS_WEIGHT: tl.constexpr, HAS_DRESIDUAL: tl.constexpr,
     ROWS: tl.constexpr, SLICE: tl.constexpr, SLICES: tl.constexpr, SLICES_P2: tl.constexpr,
     SUMS_GIVEN: tl.constexpr, STREAM: tl.constexpr, VIEWS: tl.constexpr, SYNC: tl.constexpr,
-    SPIN, AHEAD: tl.constexpr, BACKOFF: tl.constexpr,
+    SPIN, AHEAD: tl.constexpr,
 ):  # fmt: skip
     """The backward for rows too wide for one program's registers. Each program owns one column
     slice of the rows of its row group: dx, and dw / db for its slice, accumulated in registers
@@ -672,9 +659,9 @@ def _norm_bwd_slice_kernel(
             x_next = tl.load(X + x_rows[:, None] + cols[None, :], mask=next_mask, other=0.0)
             dy_next = tl.load(DY + dy_rows[:, None] + cols[None, :], mask=next_mask, other=0.0)
         if SYNC:
-            sum_gxc, spin = _await_sums(ROW_SUMS, rows64, SLICES, SLICES_P2, row_mask, spin, BACKOFF)
+            sum_gxc, spin = _await_sums(ROW_SUMS, rows64, SLICES, SLICES_P2, row_mask, spin)
             if LAYERNORM:
-                sum_g, spin = _await_sums(ROW_SUMS + M * SLICES, rows64, SLICES, SLICES_P2, row_mask, spin, BACKOFF)
+                sum_g, spin = _await_sums(ROW_SUMS + M * SLICES, rows64, SLICES, SLICES_P2, row_mask, spin)
         if LAYERNORM:
             x = x - mean[:, None]
         if HAS_WEIGHT:  # re-read per block (an L1 hit) rather than held: its registers go to dw / db
@@ -756,7 +743,7 @@ def launch_bwd(cfg: Config, dy, x, weight, mean, rstd, layernorm: bool, dx, sums
             M, N, sdy, sx, sdres, sdx, max(heads, 1), sdyh, sxh, sdresh, sdxh,
             layernorm, weight is not None, dresidual is not None,
             cfg.rows, cfg.slice, slices, triton.next_power_of_2(slices), cfg.row_sums or cfg.sync,
-            min(cfg.chunk or cfg.slice, cfg.slice), heads > 0, sync, SPIN_LIMIT, cfg.ahead, BACKOFF_NS, num_warps=cfg.warps,
+            min(cfg.chunk or cfg.slice, cfg.slice), heads > 0, sync, SPIN_LIMIT, cfg.ahead, num_warps=cfg.warps,
         )  # fmt: skip
     else:
         args = (

@@ -65,17 +65,12 @@ def resources(compiled) -> tuple[int, int]:
     return int(re.search(r"REG:(\d+)", out).group(1)), int(re.search(r"STACK:(\d+)", out).group(1))
 
 
-def spin_barriers(compiled) -> int | None:
-    """``harness.spec.ptx.spin_barriers`` of a compiled kernel: the barriers inside its waits for
-    sibling programs (the sliced backward's ``_await_sums``); None where it has none."""
-    from harness.spec.ptx import spin_barriers as in_ptx
-
-    return in_ptx(compiled.asm["ptx"])
-
-
 def pinned_waits() -> dict:
-    """``spin_barriers`` of every pinned config that exchanges row sums (``sync``), by
-    "gpu op N", and of a control that spreads its slots over two warps (2 rows x 32 slices)."""
+    """``harness.spec.ptx.spin_barriers`` of every pinned config that exchanges row sums (``sync``),
+    by "gpu op N", and of a control that spreads its slots over two warps (2 rows x 32 slices): the
+    barriers inside its waits for sibling programs (``kernels._await_sums``)."""
+    from harness.spec.ptx import spin_barriers
+
     out = {}
     for gpu, table in C.pinned_table().items():
         for key, by_n in table.items():
@@ -83,9 +78,9 @@ def pinned_waits() -> dict:
             for n, entry in by_n.items():
                 cfg = C.Config(**entry)
                 if cfg.sync:
-                    out[f"{gpu} {key} {n}"] = spin_barriers(build_config(op, direction, C.bucket(int(n)), cfg))
+                    out[f"{gpu} {key} {n}"] = spin_barriers(build_config(op, direction, C.bucket(int(n)), cfg).asm["ptx"])
     spread = C.Config(rows=2, warps=8, slice=4096, sync=True)
-    out["control: 2 rows x 32 slices"] = spin_barriers(build_config("rmsnorm", "bwd", 131072, spread))
+    out["control: 2 rows x 32 slices"] = spin_barriers(build_config("rmsnorm", "bwd", 131072, spread).asm["ptx"])
     return out
 
 
@@ -105,7 +100,7 @@ def build_config(op: str, direction: str, n: int, cfg: C.Config, x_dtype="bf16",
         slices = triton.cdiv(n, cfg.slice)
         sliced = {"SLICE": cfg.slice, "SLICES": slices, "SLICES_P2": triton.next_power_of_2(slices),
                   "SUMS_GIVEN": cfg.row_sums or cfg.sync, "STREAM": min(cfg.chunk or cfg.slice, cfg.slice),
-                  "VIEWS": False, "SYNC": cfg.sync, "AHEAD": cfg.ahead, "BACKOFF": K.BACKOFF_NS}  # fmt: skip
+                  "VIEWS": False, "SYNC": cfg.sync, "AHEAD": cfg.ahead}  # fmt: skip
         if cfg.sync:  # the posted row sums: int64 slots
             pointers = {**pointers, "ROW_SUMS": "i64"}
         return build(K._norm_bwd_slice_kernel, pointers, {**flags, **sliced}, cfg.warps)
