@@ -125,6 +125,12 @@ def test_pinned_table_is_well_formed():
                     assert cfg.slice and slots <= 32, f"{gpu} {key} {b}: {slots} slots to wait on"
 
 
+def test_a_config_loading_other_than_one_or_two_blocks_ahead_is_refused():
+    for ahead in (0, 3):
+        with pytest.raises(ValueError, match="ahead must be 1 or 2"):
+            C.Config(slice=256, sync=True, ahead=ahead)
+
+
 def test_pinned_exchanging_backwards_wait_within_each_warp():
     """Each pinned ``sync`` config, built for sm_90a: no barrier inside the loop that waits for the
     siblings (see ``kernels._await_sums``), and a control that has some, so the count is real. Built

@@ -104,6 +104,12 @@ class Config:
     sync: bool = False
     ahead: int = 1
 
+    def __post_init__(self):
+        # the sliced kernel keeps one or two blocks of loads in flight; another count would compute
+        # one block with another's rows
+        if self.ahead not in (1, 2):
+            raise ValueError(f"Config.ahead must be 1 or 2, got {self.ahead!r}")
+
     def to_json(self) -> dict:
         """The fields that differ from the defaults of the fields added last (``LATE_DEFAULTS``), so
         that the tables written before them read the same."""
