@@ -31,6 +31,11 @@ A ``Config`` says how a kernel walks the (M, N) input:
 * ``acc_rows``: backward, whole-row kernel only: dw/db accumulated per tile row ([rows, N]) and
   summed over the rows once at the end, instead of summed over each row block (a cross-warp
   reduction per block, which short rows, many to a tile, pay on every block).
+* ``realign``: whole-row kernels, rows whose length is no multiple of a 16-byte vector (N = 4001):
+  the realigned kernels (the default) read and write each row's body in whole vectors from its
+  first aligned element, its head and tail element-wise, on a persistent grid of
+  ``programs_per_sm`` per SM whose programs each take rows of one offset within a vector. Off, such
+  rows take the row kernels element-wise.
 * ``exact_n``: whole-row kernels only: compile for the exact row length (one compile per N instead
   of per bucket), so the vector slots of the padded tile that lie wholly past N vanish at compile
   time rather than being masked at run time. It is no general win: it helped the LayerNorm forward
@@ -85,7 +90,7 @@ BWD_TILE_MAX = 8192
 SMALL_ROWS = 512
 
 
-LATE_DEFAULTS = {"prefetch": True, "acc_rows": False, "sync": False, "ahead": 1}
+LATE_DEFAULTS = {"prefetch": True, "acc_rows": False, "sync": False, "ahead": 1, "realign": True}
 
 
 @dataclass(frozen=True)
@@ -103,6 +108,7 @@ class Config:
     acc_rows: bool = False
     sync: bool = False
     ahead: int = 1
+    realign: bool = True
 
     def __post_init__(self):
         # the sliced kernel keeps one or two blocks of loads in flight; another count would compute

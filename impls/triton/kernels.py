@@ -285,6 +285,77 @@ def _norm_fwd_chunked_kernel(
             tl.store(y_rows + cols[None, :], y.to(Y.dtype.element_ty), mask=mask, eviction_policy="evict_first")
 
 
+@triton.jit
+def _odd_split(first_row, stride, N, VEC: tl.constexpr):
+    """(head, body) of the realigned kernels' rows: a row at element offset e starts ``head`` =
+    (-e) mod VEC elements before its first whole 16-byte vector, whose ``body`` (a multiple of VEC)
+    follows; what is left at the end (under VEC) is the tail. Every row of a program shares them
+    (see the module docstring), so they come from its first row."""
+    e = first_row.to(tl.int64) * stride
+    head = ((VEC - e % VEC) % VEC).to(tl.int32)
+    return head, tl.maximum(N - head, 0) // VEC * VEC
+
+
+@triton.jit
+def _odd_edges(head, body, N, VEC: tl.constexpr):
+    """The columns of a row's head and tail, as one short vector (lanes past them masked)."""
+    k = tl.arange(0, 2 * VEC)
+    return k + tl.where(k >= head, body, 0), k < N - body
+
+
+@triton.jit(do_not_specialize=["M", "eps"])
+def _norm_fwd_odd_kernel(
+    X, R, W, B, Y, H, MEAN, RSTD,
+    M, N, stride, eps,
+    LAYERNORM: tl.constexpr, HAS_RESIDUAL: tl.constexpr, HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr,
+    ROWS: tl.constexpr, BLOCK_N: tl.constexpr, VEC: tl.constexpr,
+):  # fmt: skip
+    """The forward of rows whose length is no multiple of a 16-byte vector (``Config.realign``).
+    Program p walks rows p, p + G, p + 2G, ... (G programs, a multiple of VEC), which all start at
+    the same offset within a vector: their bodies are read and written in whole vectors from each
+    row's first aligned element, their heads and tails element-wise, and the weight (and bias) is
+    loaded once, shifted to match."""
+    me = tl.program_id(0)
+    programs = tl.num_programs(0)
+    head, body = _odd_split(me, stride, N, VEC)
+    j = tl.arange(0, BLOCK_N)
+    in_body = j < body
+    edge_cols, in_edge = _odd_edges(head, body, N, VEC)
+    if HAS_WEIGHT:
+        w_body = tl.load(W + head + j, mask=in_body, other=0.0).to(tl.float32)[None, :]
+        w_edge = tl.load(W + edge_cols, mask=in_edge, other=0.0).to(tl.float32)[None, :]
+    if HAS_BIAS:
+        b_body = tl.load(B + head + j, mask=in_body, other=0.0).to(tl.float32)[None, :]
+        b_edge = tl.load(B + edge_cols, mask=in_edge, other=0.0).to(tl.float32)[None, :]
+
+    for t in range(0, tl.cdiv(tl.cdiv(M - me, programs), ROWS)):
+        rows = me + (t * ROWS + tl.arange(0, ROWS)) * programs
+        row_mask = rows < M
+        at = rows.to(tl.int64) * stride
+        # rounded up to a multiple of VEC as arithmetic, so that the compiler sees the alignment
+        body_at = ((at + VEC - 1) // VEC * VEC)[:, None] + j[None, :]
+        edge_at = at[:, None] + edge_cols[None, :]
+        mask_b = row_mask[:, None] & in_body[None, :]
+        mask_e = row_mask[:, None] & in_edge[None, :]
+        xb = _load_input(X + body_at, R + body_at, H + body_at, mask_b, HAS_RESIDUAL, "", "")
+        xe = _load_input(X + edge_at, R + edge_at, H + edge_at, mask_e, HAS_RESIDUAL, "", "")
+        if LAYERNORM:
+            mean = (tl.sum(xb, axis=1) + tl.sum(xe, axis=1)) / N
+            xb = tl.where(mask_b, xb - mean[:, None], 0.0)
+            xe = tl.where(mask_e, xe - mean[:, None], 0.0)
+            tl.store(MEAN + rows, mean, mask=row_mask)
+        rstd = _rstd((tl.sum(xb * xb, axis=1) + tl.sum(xe * xe, axis=1)) / N, eps)
+        tl.store(RSTD + rows, rstd, mask=row_mask)
+        yb = xb * rstd[:, None]
+        ye = xe * rstd[:, None]
+        if HAS_WEIGHT:
+            yb, ye = yb * w_body, ye * w_edge
+        if HAS_BIAS:
+            yb, ye = yb + b_body, ye + b_edge
+        tl.store(Y + body_at, yb.to(Y.dtype.element_ty), mask=mask_b)
+        tl.store(Y + edge_at, ye.to(Y.dtype.element_ty), mask=mask_e)
+
+
 def row_shape(x) -> tuple[int, int, int]:
     """(M, N, H): the rows of x, and H the heads of a (T, H, N) per-head view whose rows the kernels
     address themselves (0 for (M, N) rows)."""
@@ -304,6 +375,27 @@ def row_strides(t, heads: int) -> tuple[int, int]:
     return (t.stride(0), t.stride(1)) if t.dim() == 3 else (heads * t.stride(0), t.stride(0))
 
 
+def realigned(cfg: Config, n: int, heads: int, tensors) -> tuple[int, int]:
+    """(row stride, vector) where the realigned kernels take these row tensors, else (0, 0): rows
+    whose length is no multiple of a 16-byte vector, whole rows to a program (no chunks, no
+    slices), (M, N) rows (not per-head views), and one row stride and a 16-byte aligned start for
+    every tensor, so that a row starts at the same offset within a vector in each of them."""
+    vec = 16 // tensors[0].element_size()
+    if not cfg.realign or cfg.chunk or cfg.slice or heads or n % vec == 0:
+        return 0, 0
+    stride = tensors[0].stride(0)
+    if any(t.stride(0) != stride or t.data_ptr() % 16 for t in tensors):
+        return 0, 0
+    return stride, vec
+
+
+def realigned_grid(cfg: Config, m: int, vec: int, device) -> int:
+    """The realigned kernels' persistent grid: ``programs_per_sm`` per SM (no more than the row
+    tiles), rounded up to a multiple of the vector, so that a program's rows share their offset."""
+    programs = min(cfg.programs_per_sm * sm_count(device), triton.cdiv(m, cfg.rows))
+    return triton.cdiv(max(programs, 1), vec) * vec
+
+
 def launch_fwd(cfg: Config, x, weight, bias, eps, layernorm: bool, y, mean, rstd, residual=None, residual_out=None):
     """Run the forward with ``cfg`` into y / mean / rstd (and residual_out = x + residual when a
     residual is given); returns the compiled kernel (its ``n_regs`` and ``n_spills`` are the
@@ -315,6 +407,13 @@ def launch_fwd(cfg: Config, x, weight, bias, eps, layernorm: bool, y, mean, rstd
     kernel, width = (_norm_fwd_chunked_kernel, cfg.chunk) if cfg.chunk else (_norm_fwd_row_kernel, bucket(N))
     fused = residual is not None
     r, h = (residual, residual_out) if fused else (x, y)
+    stride, vec = realigned(cfg, N, heads, (x, r, y, h))
+    if stride:
+        return fast(_norm_fwd_odd_kernel)[(realigned_grid(cfg, M, vec, x.device),)](
+            x, r, x if weight is None else weight, x if bias is None else bias, y, h, mean, rstd,
+            M, N, stride, eps, layernorm, fused, weight is not None, bias is not None,
+            cfg.rows, bucket(N), vec, num_warps=cfg.warps,
+        )  # fmt: skip
     (sx, sxh), (sr, srh), (sy, syh), (sh, shh) = (row_strides(t, heads) for t in (x, r, y, h))
     exact = () if cfg.chunk else (N if cfg.exact_n else 0,)
     return fast(kernel)[(grid,)](  # x, y in place of absent tensors: never touched
@@ -485,6 +584,97 @@ def _norm_bwd_row_kernel(
         tl.store(DW_PARTIAL + partial, dw, mask=col_mask)
     if LAYERNORM:
         tl.store(DB_PARTIAL + partial, db, mask=col_mask)
+
+
+@triton.jit(do_not_specialize=["M"])
+def _norm_bwd_odd_kernel(
+    DY, X, W, MEAN, RSTD, DRES, DX, DW_PARTIAL, DB_PARTIAL,
+    M, N, stride,
+    LAYERNORM: tl.constexpr, HAS_WEIGHT: tl.constexpr, HAS_DRESIDUAL: tl.constexpr,
+    ROWS: tl.constexpr, BLOCK_N: tl.constexpr, VEC: tl.constexpr,
+):  # fmt: skip
+    """The backward of rows whose length is no multiple of a 16-byte vector (``Config.realign``):
+    the row kernel's loop (the next tile's loads issued before this one's math), over rows
+    p, p + G, ... as in ``_norm_fwd_odd_kernel``, so that the weight and the dw / db accumulators
+    hold one shift for all of a program's rows: the body's columns start at ``head``, the head's
+    and tail's are ``edge_cols``. The partial rows are written back in natural column order."""
+    me = tl.program_id(0)
+    programs = tl.num_programs(0)
+    head, body = _odd_split(me, stride, N, VEC)
+    j = tl.arange(0, BLOCK_N)
+    in_body = j < body
+    edge_cols, in_edge = _odd_edges(head, body, N, VEC)
+    if HAS_WEIGHT:
+        w_body = tl.load(W + head + j, mask=in_body, other=0.0).to(tl.float32)[None, :]
+        w_edge = tl.load(W + edge_cols, mask=in_edge, other=0.0).to(tl.float32)[None, :]
+    dw_body = tl.zeros([BLOCK_N], dtype=tl.float32)
+    db_body = tl.zeros([BLOCK_N], dtype=tl.float32)
+    dw_edge = tl.zeros([2 * VEC], dtype=tl.float32)
+    db_edge = tl.zeros([2 * VEC], dtype=tl.float32)
+
+    rows = me + tl.arange(0, ROWS) * programs
+    row_mask = rows < M
+    at = rows.to(tl.int64) * stride
+    body_at = ((at + VEC - 1) // VEC * VEC)[:, None] + j[None, :]
+    edge_at = at[:, None] + edge_cols[None, :]
+    mask_b = row_mask[:, None] & in_body[None, :]
+    mask_e = row_mask[:, None] & in_edge[None, :]
+    xb_next = tl.load(X + body_at, mask=mask_b, other=0.0)
+    dyb_next = tl.load(DY + body_at, mask=mask_b, other=0.0)
+    xe_next = tl.load(X + edge_at, mask=mask_e, other=0.0)
+    dye_next = tl.load(DY + edge_at, mask=mask_e, other=0.0)
+    rstd_next = tl.load(RSTD + rows, mask=row_mask, other=0.0)
+    mean_next = tl.load(MEAN + rows, mask=row_mask, other=0.0) if LAYERNORM else rstd_next
+    for t in range(0, tl.cdiv(tl.cdiv(M - me, programs), ROWS)):
+        xb, dyb, xe, dye = xb_next.to(tl.float32), dyb_next.to(tl.float32), xe_next.to(tl.float32), dye_next.to(tl.float32)
+        rstd, mean = rstd_next, mean_next
+        row_mask = rows < M
+        mask_b = row_mask[:, None] & in_body[None, :]
+        mask_e = row_mask[:, None] & in_edge[None, :]
+        dx_body, dx_edge = body_at, edge_at
+
+        rows += ROWS * programs
+        next_mask = rows < M
+        at = rows.to(tl.int64) * stride
+        body_at = ((at + VEC - 1) // VEC * VEC)[:, None] + j[None, :]
+        edge_at = at[:, None] + edge_cols[None, :]
+        xb_next = tl.load(X + body_at, mask=next_mask[:, None] & in_body[None, :], other=0.0)
+        dyb_next = tl.load(DY + body_at, mask=next_mask[:, None] & in_body[None, :], other=0.0)
+        xe_next = tl.load(X + edge_at, mask=next_mask[:, None] & in_edge[None, :], other=0.0)
+        dye_next = tl.load(DY + edge_at, mask=next_mask[:, None] & in_edge[None, :], other=0.0)
+        rstd_next = tl.load(RSTD + rows, mask=next_mask, other=0.0)
+        mean_next = tl.load(MEAN + rows, mask=next_mask, other=0.0) if LAYERNORM else rstd_next
+
+        if LAYERNORM:
+            xb, xe = xb - mean[:, None], xe - mean[:, None]
+        xhat_b, xhat_e = xb * rstd[:, None], xe * rstd[:, None]  # padding lanes: dy (hence g) is 0
+        gb, ge = (dyb * w_body, dye * w_edge) if HAS_WEIGHT else (dyb, dye)
+        c1 = (tl.sum(gb * xhat_b, axis=1) + tl.sum(ge * xhat_e, axis=1)) / N
+        if LAYERNORM:
+            c2 = (tl.sum(gb, axis=1) + tl.sum(ge, axis=1)) / N
+            dxb = (gb - xhat_b * c1[:, None] - c2[:, None]) * rstd[:, None]
+            dxe = (ge - xhat_e * c1[:, None] - c2[:, None]) * rstd[:, None]
+            db_body += tl.sum(dyb, axis=0)
+            db_edge += tl.sum(dye, axis=0)
+        else:
+            dxb = (gb - xhat_b * c1[:, None]) * rstd[:, None]
+            dxe = (ge - xhat_e * c1[:, None]) * rstd[:, None]
+        if HAS_DRESIDUAL:  # (not prefetched: see the row kernel)
+            dxb += tl.load(DRES + dx_body, mask=mask_b, other=0.0).to(tl.float32)
+            dxe += tl.load(DRES + dx_edge, mask=mask_e, other=0.0).to(tl.float32)
+        if HAS_WEIGHT:
+            dw_body += tl.sum(dyb * xhat_b, axis=0)
+            dw_edge += tl.sum(dye * xhat_e, axis=0)
+        tl.store(DX + dx_body, dxb.to(DX.dtype.element_ty), mask=mask_b)
+        tl.store(DX + dx_edge, dxe.to(DX.dtype.element_ty), mask=mask_e)
+
+    partial = me.to(tl.int64) * N
+    if HAS_WEIGHT:
+        tl.store(DW_PARTIAL + partial + head + j, dw_body, mask=in_body)
+        tl.store(DW_PARTIAL + partial + edge_cols, dw_edge, mask=in_edge)
+    if LAYERNORM:
+        tl.store(DB_PARTIAL + partial + head + j, db_body, mask=in_body)
+        tl.store(DB_PARTIAL + partial + edge_cols, db_edge, mask=in_edge)
 
 
 @triton.jit
@@ -726,8 +916,16 @@ def launch_bwd(cfg: Config, dy, x, weight, mean, rstd, layernorm: bool, dx, sums
     programs_per_sm = 1 if sync else cfg.programs_per_sm
     # one partial row of dw / db per program, or per row group of the slice kernel
     partial_rows = min(triton.cdiv(M, cfg.rows), max(1, programs_per_sm * sm_count(x.device) // slices))
+    stride, vec = realigned(cfg, N, heads, (dy, x, dres, dx))
+    if stride:
+        partial_rows = realigned_grid(cfg, M, vec, x.device)
     partials = torch.empty((max(n_sums, 1), partial_rows, N), dtype=torch.float32, device=x.device)
-    if cfg.slice:
+    if stride:
+        compiled = fast(_norm_bwd_odd_kernel)[(partial_rows,)](
+            dy, x, w, mean, rstd, dres, dx, partials[0], partials[n_sums - 1], M, N, stride,
+            layernorm, weight is not None, dresidual is not None, cfg.rows, bucket(N), vec, num_warps=cfg.warps,
+        )  # fmt: skip
+    elif cfg.slice:
         row_sums = rstd  # never read unless the first kernel fills it
         if sync:
             row_sums = torch.zeros((1 + int(layernorm), M, slices), dtype=torch.int64, device=x.device)

@@ -1,0 +1,148 @@
+"""Triton's realigned kernels for rows whose length is no multiple of a 16-byte vector (N = 4001):
+each candidate launch config checked against the fp64 reference (512 rows: every offset within a
+vector), then timed at M * N = 2^27, against the element-wise row kernels they replace (the
+pinned config with ``realign`` off).
+
+python tools/experiments/triton-odd-rows/explore.py warm I K     -> compile jobs I::K on 64-row inputs
+python tools/experiments/triton-odd-rows/explore.py run OUT BUDGET_S [DTYPE]
+    -> OUT/results.jsonl: per (op, direction, N) every candidate's check and time; the fastest, the
+       pinned config realigned and the pinned element-wise timed twice more, in alternating rounds
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from dataclasses import asdict, replace
+
+import torch
+
+sys.path.insert(0, os.getcwd())
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from gpu_timing import bench, finish_meta, start_meta
+
+from harness.spec.contract import DTYPES
+from harness.spec.inputs import make_case
+from harness.spec.roofline import bytes_moved
+from harness.spec.shapes import Shape
+from impls.triton import configs as C
+
+ELEMS = 2**27
+OPS = ("rmsnorm", "layernorm", "add_rmsnorm")
+ODD_N = tuple(int(n) for n in os.environ.get("ODD_N", "1001,2047,4001,7001").split(","))
+DIRECTIONS = tuple(os.environ.get("DIRECTIONS", "fwd,bwd").split(","))
+GPU = "NVIDIA H100 80GB HBM3"  # whose pinned table gives the "pinned" candidates
+
+
+def candidates(op, direction, n):
+    """Config dicts: the pinned one element-wise ("before"), the pinned one realigned, a grid."""
+    pinned = C.lookup(GPU, op, direction, n)
+    out = [("before", replace(pinned, realign=False)), ("pinned", pinned)]
+    b = C.bucket(n)
+    if direction == "fwd":
+        grid = [(r, w, p) for r in (1, 2) for w in (4, 8, 16) for p in (1, 2, 4) if 4 <= r * b // (32 * w) <= 64]
+    else:
+        grid = [(1, 4, 2), (1, 8, 1), (1, 8, 2), (1, 16, 1), (2, 16, 1), (1, 32, 1), (2, 8, 1), (2, 4, 2)]
+        grid = [g for g in grid if 2 <= g[0] * b // (32 * g[1]) <= 64]
+    for r, w, p in grid:
+        cfg = C.Config(rows=r, warps=w, programs_per_sm=p)
+        if cfg != pinned:
+            out.append(("grid", cfg))
+    return out
+
+
+def jobs(dtype="bf16"):
+    return [(op, d, n, dtype, tag, cfg) for n in ODD_N for d in DIRECTIONS for op in OPS
+            for tag, cfg in candidates(op, d, n)]  # fmt: skip
+
+
+_IMPL = {}
+
+
+def kernels_for(direction, cfg):
+    from harness.registry import get
+    from impls.triton.tune import pinned_kernels
+
+    if "triton" not in _IMPL:
+        _IMPL["triton"] = get("triton")
+    return pinned_kernels(_IMPL["triton"], cfg if direction == "fwd" else None, cfg if direction == "bwd" else None)
+
+
+def build(op, direction, shape, dtype):
+    from harness.run.bench import callables
+
+    case = make_case(op, shape, DTYPES[dtype], "cuda")
+    return lambda cfg: callables(kernels_for(direction, cfg), op, direction, case)
+
+
+def warm(i, k):
+    for op, d, n, dtype, tag, cfg in jobs()[i::k]:
+        try:
+            build(op, d, Shape((64, n)), dtype)(cfg)()
+        except Exception as e:  # noqa: BLE001
+            print("warm fail", op, d, n, cfg, type(e).__name__, str(e)[:300], flush=True)
+    torch.cuda.synchronize()
+
+
+def run(out_dir, budget_s, dtype="bf16"):
+    from harness.run.checker import run_check
+
+    t0 = time.time()
+    os.makedirs(out_dir, exist_ok=True)
+    meta = start_meta(dtype=dtype, odd_n=ODD_N)
+    copy_tbps = meta["copy_before"]["tbps"]
+    points = {}
+    for op, d, n, dt, tag, cfg in jobs(dtype):
+        points.setdefault((op, d, n, dt), []).append((tag, cfg))
+    size = DTYPES[dtype].itemsize
+    with open(os.path.join(out_dir, "results.jsonl"), "w") as f:
+        for (op, d, n, dt), cfgs in points.items():
+            if time.time() - t0 > budget_s:
+                meta.setdefault("skipped", []).append([op, d, n])
+                continue
+            shape = Shape((ELEMS // n, n))
+            launch = build(op, d, shape, dt)
+            nbytes = bytes_moved(op, d, shape.m, shape.n, size).main
+            recs = []
+            for tag, cfg in cfgs:
+                rec = {"op": op, "direction": d, "N": n, "M": shape.m, "dtype": dt, "tag": tag,
+                       "config": asdict(cfg), "bytes": nbytes}  # fmt: skip
+                kernels = kernels_for(d, cfg)
+                chk = run_check(_IMPL["triton"], op, d, Shape((512, n)), dt, "cuda", kernels=kernels)
+                rec["check"] = chk.status
+                if chk.status != "pass":
+                    rec["check_summary"] = chk.summary()[:400]
+                try:
+                    rec["ms"] = [round(bench(launch(cfg)), 5)]
+                except Exception as e:  # noqa: BLE001
+                    rec["error"] = f"{type(e).__name__}: {str(e)[:200]}"
+                recs.append((cfg, rec))
+            ok = [(c, r) for c, r in recs if "ms" in r and r["check"] == "pass"]
+            if ok:  # the fastest, the pinned realigned and the element-wise, twice more, alternating
+                best = min(ok, key=lambda cr: cr[1]["ms"][0])
+                again = [best] + [cr for cr in ok if cr[1]["tag"] in ("before", "pinned") and cr is not best]
+                for _ in range(2):
+                    for cfg, r in again:
+                        r["ms"].append(round(bench(launch(cfg)), 5))
+            for cfg, r in recs:
+                if "ms" in r:
+                    med = sorted(r["ms"])[len(r["ms"]) // 2]
+                    r["frac"] = round(nbytes / (med * 1e-3) / 1e12 / copy_tbps, 4)
+                f.write(json.dumps(r) + "\n")
+                print(op, d, n, r["tag"], cfg.rows, cfg.warps, cfg.programs_per_sm, r["check"], r.get("ms"),
+                      r.get("frac"), flush=True)  # fmt: skip
+            f.flush()
+            del launch
+            torch.cuda.empty_cache()
+    finish_meta(out_dir, meta)
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "warm":
+        warm(int(sys.argv[2]), int(sys.argv[3]))
+    elif sys.argv[1] == "count":
+        print(len(jobs()))
+    else:
+        run(sys.argv[2], float(sys.argv[3]), *(sys.argv[4:5] or ["bf16"]))
