@@ -5,6 +5,7 @@ statistics overflow fp32. The generic correctness tests over every registered im
 elsewhere."""
 
 import importlib.util
+import itertools
 import json
 import os
 import subprocess
@@ -333,14 +334,17 @@ def test_add_rmsnorm_and_fp32_weights(path, direction):
 @pytest.mark.parametrize("path", ["row, M % rows != 0", "chunked / sliced with row sums"])
 def test_add_rmsnorm_is_the_unfused_pair(path):
     """residual_out is torch's own x + residual (one rounding to x's dtype), and y / rstd are bit
-    for bit RMSNorm's of residual_out as stored, on the same path."""
+    for bit RMSNorm's of residual_out as stored, on the same path: a per-head view's row kernel and,
+    for contiguous rows of an odd width, the realigned kernel."""
     kernels = _kernels(*PATHS[path])
-    for dtype in ("bf16", "fp16", "fp32"):
-        case = make_case("rmsnorm", MIXED_SHAPE, DTYPES[dtype], DEVICE, seed=3)
-        residual = make_case("rmsnorm", MIXED_SHAPE, DTYPES[dtype], DEVICE, seed=4)["x"] * 100
+    for dtype, shape in itertools.product(("bf16", "fp16", "fp32"), (MIXED_SHAPE, Shape((37, 1001)))):
+        case = make_case("rmsnorm", shape, DTYPES[dtype], DEVICE, seed=3)
+        residual = make_case("rmsnorm", shape, DTYPES[dtype], DEVICE, seed=4)["x"] * 100
         y, h, rstd = kernels.add_rmsnorm_fwd(case["x"], residual, case["weight"], case["eps"])
         assert torch.equal(h, case["x"] + residual), dtype
-        y_unfused, rstd_unfused = kernels.rmsnorm_fwd(h, case["weight"], case["eps"])
+        # h laid out as x is (a strided view), so that the plain norm takes the fused one's kernel
+        h_as_x = torch.empty_strided(case["x"].shape, case["x"].stride(), dtype=h.dtype, device=DEVICE).copy_(h)
+        y_unfused, rstd_unfused = kernels.rmsnorm_fwd(h_as_x, case["weight"], case["eps"])
         assert torch.equal(y, y_unfused) and torch.equal(rstd, rstd_unfused), dtype
 
 

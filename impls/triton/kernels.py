@@ -303,18 +303,56 @@ def _odd_edges(head, body, N, VEC: tl.constexpr):
     return k + tl.where(k >= head, body, 0), k < N - body
 
 
+@triton.jit
+def _odd_tile(rows, M, stride, j, in_body, edge_cols, in_edge, VEC: tl.constexpr):
+    """A tile of realigned rows: (row mask, body offsets, edge offsets, body mask, edge mask). The
+    body starts at each row's offset rounded up to a multiple of VEC, computed as such so that the
+    compiler sees the alignment and loads whole vectors."""
+    row_mask = rows < M
+    at = rows.to(tl.int64) * stride
+    body_at = ((at + VEC - 1) // VEC * VEC)[:, None] + j[None, :]
+    edge_at = at[:, None] + edge_cols[None, :]
+    return row_mask, body_at, edge_at, row_mask[:, None] & in_body[None, :], row_mask[:, None] & in_edge[None, :]
+
+
+@triton.jit
+def _exact_row_sum(body, edge, EXACT: tl.constexpr):
+    """Per row, the sum of a realigned row's body and edge terms, the same bits however the row is
+    split between them. Where a row starts within a vector decides which of its columns are body
+    and which edge, so a float sum would round differently for the same row in another place of
+    the batch (not batch invariant). Instead each term is scaled by a power of two that puts the
+    row's largest at 2^46 and truncated to an int64: that sum is exact, so any order gives the same
+    bits, and it resolves each term to 2^-46 of the largest (finer than an fp32 sum's rounding);
+    one rounding to fp32 at the end. Rows whose plain sum is not finite (NaN or inf terms) keep
+    the plain sum, which then is inf or NaN whatever the order."""
+    plain = tl.sum(body, axis=1) + tl.sum(edge, axis=1)
+    if not EXACT:
+        return plain
+    biggest = tl.maximum(tl.max(tl.abs(body), axis=1), tl.max(tl.abs(edge), axis=1))
+    exponent = (biggest.to(tl.int32, bitcast=True) >> 23) & 0xFF
+    # 2^46 / 2^(exponent - 127), kept a normal number with a normal inverse (tiny rows: 2^126)
+    scale_exp = tl.minimum(tl.maximum(300 - exponent, 1), 253)
+    scale = (scale_exp << 23).to(tl.float32, bitcast=True)[:, None]
+    inverse = ((254 - scale_exp) << 23).to(tl.float32, bitcast=True)
+    fixed = tl.sum((body * scale).to(tl.int64), axis=1) + tl.sum((edge * scale).to(tl.int64), axis=1)
+    finite = tl.abs(plain) < float("inf")  # False for NaN too
+    return tl.where(finite, fixed.to(tl.float32) * inverse, plain)
+
+
 @triton.jit(do_not_specialize=["M", "eps"])
 def _norm_fwd_odd_kernel(
     X, R, W, B, Y, H, MEAN, RSTD,
     M, N, stride, eps,
     LAYERNORM: tl.constexpr, HAS_RESIDUAL: tl.constexpr, HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr,
-    ROWS: tl.constexpr, BLOCK_N: tl.constexpr, VEC: tl.constexpr,
+    ROWS: tl.constexpr, BLOCK_N: tl.constexpr, VEC: tl.constexpr, EXACT: tl.constexpr,
 ):  # fmt: skip
     """The forward of rows whose length is no multiple of a 16-byte vector (``Config.realign``).
     Program p walks rows p, p + G, p + 2G, ... (G programs, a multiple of VEC), which all start at
     the same offset within a vector: their bodies are read and written in whole vectors from each
     row's first aligned element, their heads and tails element-wise, and the weight (and bias) is
-    loaded once, shifted to match."""
+    loaded once, shifted to match. The next tile's loads are issued before this tile's math (few
+    programs per SM: their loads must keep enough bytes in flight); the row sums are exact
+    (``_exact_row_sum``)."""
     me = tl.program_id(0)
     programs = tl.num_programs(0)
     head, body = _odd_split(me, stride, N, VEC)
@@ -328,32 +366,50 @@ def _norm_fwd_odd_kernel(
         b_body = tl.load(B + head + j, mask=in_body, other=0.0).to(tl.float32)[None, :]
         b_edge = tl.load(B + edge_cols, mask=in_edge, other=0.0).to(tl.float32)[None, :]
 
+    rows = me + tl.arange(0, ROWS) * programs
+    row_mask, body_at, edge_at, mask_b, mask_e = _odd_tile(rows, M, stride, j, in_body, edge_cols, in_edge, VEC)
+    xb_next = tl.load(X + body_at, mask=mask_b, other=0.0)
+    xe_next = tl.load(X + edge_at, mask=mask_e, other=0.0)
+    if HAS_RESIDUAL:
+        rb_next = tl.load(R + body_at, mask=mask_b, other=0.0)
+        re_next = tl.load(R + edge_at, mask=mask_e, other=0.0)
     for t in range(0, tl.cdiv(tl.cdiv(M - me, programs), ROWS)):
-        rows = me + (t * ROWS + tl.arange(0, ROWS)) * programs
-        row_mask = rows < M
-        at = rows.to(tl.int64) * stride
-        # rounded up to a multiple of VEC as arithmetic, so that the compiler sees the alignment
-        body_at = ((at + VEC - 1) // VEC * VEC)[:, None] + j[None, :]
-        edge_at = at[:, None] + edge_cols[None, :]
-        mask_b = row_mask[:, None] & in_body[None, :]
-        mask_e = row_mask[:, None] & in_edge[None, :]
-        xb = _load_input(X + body_at, R + body_at, H + body_at, mask_b, HAS_RESIDUAL, "", "")
-        xe = _load_input(X + edge_at, R + edge_at, H + edge_at, mask_e, HAS_RESIDUAL, "", "")
+        here, here_b, here_e, mask_b, mask_e = rows, body_at, edge_at, mask_b, mask_e
+        xb, xe = xb_next.to(tl.float32), xe_next.to(tl.float32)
+        if HAS_RESIDUAL:
+            rb, re = rb_next.to(tl.float32), re_next.to(tl.float32)
+
+        rows += ROWS * programs
+        row_mask, body_at, edge_at, next_b, next_e = _odd_tile(rows, M, stride, j, in_body, edge_cols, in_edge, VEC)
+        xb_next = tl.load(X + body_at, mask=next_b, other=0.0)
+        xe_next = tl.load(X + edge_at, mask=next_e, other=0.0)
+        if HAS_RESIDUAL:
+            rb_next = tl.load(R + body_at, mask=next_b, other=0.0)
+            re_next = tl.load(R + edge_at, mask=next_e, other=0.0)
+
+        if HAS_RESIDUAL:  # h rounded once and stored (residual_out); the statistics are h's as stored
+            hb = _round_to(xb + rb, H.dtype.element_ty)
+            he = _round_to(xe + re, H.dtype.element_ty)
+            tl.store(H + here_b, hb, mask=mask_b)
+            tl.store(H + here_e, he, mask=mask_e)
+            xb, xe = hb.to(tl.float32), he.to(tl.float32)
+        here_mask = here < M
         if LAYERNORM:
-            mean = (tl.sum(xb, axis=1) + tl.sum(xe, axis=1)) / N
+            mean = _exact_row_sum(xb, xe, EXACT) / N
             xb = tl.where(mask_b, xb - mean[:, None], 0.0)
             xe = tl.where(mask_e, xe - mean[:, None], 0.0)
-            tl.store(MEAN + rows, mean, mask=row_mask)
-        rstd = _rstd((tl.sum(xb * xb, axis=1) + tl.sum(xe * xe, axis=1)) / N, eps)
-        tl.store(RSTD + rows, rstd, mask=row_mask)
+            tl.store(MEAN + here, mean, mask=here_mask)
+        rstd = _rstd(_exact_row_sum(xb * xb, xe * xe, EXACT) / N, eps)
+        tl.store(RSTD + here, rstd, mask=here_mask)
         yb = xb * rstd[:, None]
         ye = xe * rstd[:, None]
         if HAS_WEIGHT:
             yb, ye = yb * w_body, ye * w_edge
         if HAS_BIAS:
             yb, ye = yb + b_body, ye + b_edge
-        tl.store(Y + body_at, yb.to(Y.dtype.element_ty), mask=mask_b)
-        tl.store(Y + edge_at, ye.to(Y.dtype.element_ty), mask=mask_e)
+        tl.store(Y + here_b, yb.to(Y.dtype.element_ty), mask=mask_b)
+        tl.store(Y + here_e, ye.to(Y.dtype.element_ty), mask=mask_e)
+        mask_b, mask_e = next_b, next_e
 
 
 def row_shape(x) -> tuple[int, int, int]:
@@ -375,6 +431,9 @@ def row_strides(t, heads: int) -> tuple[int, int]:
     return (t.stride(0), t.stride(1)) if t.dim() == 3 else (heads * t.stride(0), t.stride(0))
 
 
+EXACT_SUMS = True  # the realigned kernels' row sums in fixed point (``_exact_row_sum``)
+
+
 def realigned(cfg: Config, n: int, heads: int, tensors) -> tuple[int, int]:
     """(row stride, vector) where the realigned kernels take these row tensors, else (0, 0): rows
     whose length is no multiple of a 16-byte vector, whole rows to a program (no chunks, no
@@ -390,10 +449,12 @@ def realigned(cfg: Config, n: int, heads: int, tensors) -> tuple[int, int]:
 
 
 def realigned_grid(cfg: Config, m: int, vec: int, device) -> int:
-    """The realigned kernels' persistent grid: ``programs_per_sm`` per SM (no more than the row
-    tiles), rounded up to a multiple of the vector, so that a program's rows share their offset."""
-    programs = min(cfg.programs_per_sm * sm_count(device), triton.cdiv(m, cfg.rows))
-    return triton.cdiv(max(programs, 1), vec) * vec
+    """The realigned kernels' persistent grid: a multiple of the vector, so that a program's rows
+    share their offset within it; ``programs_per_sm`` per SM rounded down (rounded up, the programs
+    past what the SMs hold would run as a second wave), no more than the row tiles need, at
+    least one vector's worth."""
+    programs = min(cfg.programs_per_sm * sm_count(device) // vec, triton.cdiv(triton.cdiv(m, cfg.rows), vec))
+    return max(programs, 1) * vec
 
 
 def launch_fwd(cfg: Config, x, weight, bias, eps, layernorm: bool, y, mean, rstd, residual=None, residual_out=None):
@@ -412,7 +473,7 @@ def launch_fwd(cfg: Config, x, weight, bias, eps, layernorm: bool, y, mean, rstd
         return fast(_norm_fwd_odd_kernel)[(realigned_grid(cfg, M, vec, x.device),)](
             x, r, x if weight is None else weight, x if bias is None else bias, y, h, mean, rstd,
             M, N, stride, eps, layernorm, fused, weight is not None, bias is not None,
-            cfg.rows, bucket(N), vec, num_warps=cfg.warps,
+            cfg.rows, bucket(N), vec, EXACT_SUMS, num_warps=cfg.warps,
         )  # fmt: skip
     (sx, sxh), (sr, srh), (sy, syh), (sh, shh) = (row_strides(t, heads) for t in (x, r, y, h))
     exact = () if cfg.chunk else (N if cfg.exact_n else 0,)
@@ -591,13 +652,14 @@ def _norm_bwd_odd_kernel(
     DY, X, W, MEAN, RSTD, DRES, DX, DW_PARTIAL, DB_PARTIAL,
     M, N, stride,
     LAYERNORM: tl.constexpr, HAS_WEIGHT: tl.constexpr, HAS_DRESIDUAL: tl.constexpr,
-    ROWS: tl.constexpr, BLOCK_N: tl.constexpr, VEC: tl.constexpr,
+    ROWS: tl.constexpr, BLOCK_N: tl.constexpr, VEC: tl.constexpr, EXACT: tl.constexpr,
 ):  # fmt: skip
     """The backward of rows whose length is no multiple of a 16-byte vector (``Config.realign``):
     the row kernel's loop (the next tile's loads issued before this one's math), over rows
     p, p + G, ... as in ``_norm_fwd_odd_kernel``, so that the weight and the dw / db accumulators
     hold one shift for all of a program's rows: the body's columns start at ``head``, the head's
-    and tail's are ``edge_cols``. The partial rows are written back in natural column order."""
+    and tail's are ``edge_cols``. The row sums are exact (``_exact_row_sum``); the partial rows are
+    written back in natural column order."""
     me = tl.program_id(0)
     programs = tl.num_programs(0)
     head, body = _odd_split(me, stride, N, VEC)
@@ -613,12 +675,7 @@ def _norm_bwd_odd_kernel(
     db_edge = tl.zeros([2 * VEC], dtype=tl.float32)
 
     rows = me + tl.arange(0, ROWS) * programs
-    row_mask = rows < M
-    at = rows.to(tl.int64) * stride
-    body_at = ((at + VEC - 1) // VEC * VEC)[:, None] + j[None, :]
-    edge_at = at[:, None] + edge_cols[None, :]
-    mask_b = row_mask[:, None] & in_body[None, :]
-    mask_e = row_mask[:, None] & in_edge[None, :]
+    row_mask, body_at, edge_at, mask_b, mask_e = _odd_tile(rows, M, stride, j, in_body, edge_cols, in_edge, VEC)
     xb_next = tl.load(X + body_at, mask=mask_b, other=0.0)
     dyb_next = tl.load(DY + body_at, mask=mask_b, other=0.0)
     xe_next = tl.load(X + edge_at, mask=mask_e, other=0.0)
@@ -628,30 +685,24 @@ def _norm_bwd_odd_kernel(
     for t in range(0, tl.cdiv(tl.cdiv(M - me, programs), ROWS)):
         xb, dyb, xe, dye = xb_next.to(tl.float32), dyb_next.to(tl.float32), xe_next.to(tl.float32), dye_next.to(tl.float32)
         rstd, mean = rstd_next, mean_next
-        row_mask = rows < M
-        mask_b = row_mask[:, None] & in_body[None, :]
-        mask_e = row_mask[:, None] & in_edge[None, :]
-        dx_body, dx_edge = body_at, edge_at
+        here_b, here_e, mask_b, mask_e = body_at, edge_at, mask_b, mask_e
 
         rows += ROWS * programs
-        next_mask = rows < M
-        at = rows.to(tl.int64) * stride
-        body_at = ((at + VEC - 1) // VEC * VEC)[:, None] + j[None, :]
-        edge_at = at[:, None] + edge_cols[None, :]
-        xb_next = tl.load(X + body_at, mask=next_mask[:, None] & in_body[None, :], other=0.0)
-        dyb_next = tl.load(DY + body_at, mask=next_mask[:, None] & in_body[None, :], other=0.0)
-        xe_next = tl.load(X + edge_at, mask=next_mask[:, None] & in_edge[None, :], other=0.0)
-        dye_next = tl.load(DY + edge_at, mask=next_mask[:, None] & in_edge[None, :], other=0.0)
-        rstd_next = tl.load(RSTD + rows, mask=next_mask, other=0.0)
-        mean_next = tl.load(MEAN + rows, mask=next_mask, other=0.0) if LAYERNORM else rstd_next
+        row_mask, body_at, edge_at, next_b, next_e = _odd_tile(rows, M, stride, j, in_body, edge_cols, in_edge, VEC)
+        xb_next = tl.load(X + body_at, mask=next_b, other=0.0)
+        dyb_next = tl.load(DY + body_at, mask=next_b, other=0.0)
+        xe_next = tl.load(X + edge_at, mask=next_e, other=0.0)
+        dye_next = tl.load(DY + edge_at, mask=next_e, other=0.0)
+        rstd_next = tl.load(RSTD + rows, mask=row_mask, other=0.0)
+        mean_next = tl.load(MEAN + rows, mask=row_mask, other=0.0) if LAYERNORM else rstd_next
 
         if LAYERNORM:
             xb, xe = xb - mean[:, None], xe - mean[:, None]
         xhat_b, xhat_e = xb * rstd[:, None], xe * rstd[:, None]  # padding lanes: dy (hence g) is 0
         gb, ge = (dyb * w_body, dye * w_edge) if HAS_WEIGHT else (dyb, dye)
-        c1 = (tl.sum(gb * xhat_b, axis=1) + tl.sum(ge * xhat_e, axis=1)) / N
+        c1 = _exact_row_sum(gb * xhat_b, ge * xhat_e, EXACT) / N
         if LAYERNORM:
-            c2 = (tl.sum(gb, axis=1) + tl.sum(ge, axis=1)) / N
+            c2 = _exact_row_sum(gb, ge, EXACT) / N
             dxb = (gb - xhat_b * c1[:, None] - c2[:, None]) * rstd[:, None]
             dxe = (ge - xhat_e * c1[:, None] - c2[:, None]) * rstd[:, None]
             db_body += tl.sum(dyb, axis=0)
@@ -660,13 +711,14 @@ def _norm_bwd_odd_kernel(
             dxb = (gb - xhat_b * c1[:, None]) * rstd[:, None]
             dxe = (ge - xhat_e * c1[:, None]) * rstd[:, None]
         if HAS_DRESIDUAL:  # (not prefetched: see the row kernel)
-            dxb += tl.load(DRES + dx_body, mask=mask_b, other=0.0).to(tl.float32)
-            dxe += tl.load(DRES + dx_edge, mask=mask_e, other=0.0).to(tl.float32)
+            dxb += tl.load(DRES + here_b, mask=mask_b, other=0.0).to(tl.float32)
+            dxe += tl.load(DRES + here_e, mask=mask_e, other=0.0).to(tl.float32)
         if HAS_WEIGHT:
             dw_body += tl.sum(dyb * xhat_b, axis=0)
             dw_edge += tl.sum(dye * xhat_e, axis=0)
-        tl.store(DX + dx_body, dxb.to(DX.dtype.element_ty), mask=mask_b)
-        tl.store(DX + dx_edge, dxe.to(DX.dtype.element_ty), mask=mask_e)
+        tl.store(DX + here_b, dxb.to(DX.dtype.element_ty), mask=mask_b)
+        tl.store(DX + here_e, dxe.to(DX.dtype.element_ty), mask=mask_e)
+        mask_b, mask_e = next_b, next_e
 
     partial = me.to(tl.int64) * N
     if HAS_WEIGHT:
@@ -923,7 +975,8 @@ def launch_bwd(cfg: Config, dy, x, weight, mean, rstd, layernorm: bool, dx, sums
     if stride:
         compiled = fast(_norm_bwd_odd_kernel)[(partial_rows,)](
             dy, x, w, mean, rstd, dres, dx, partials[0], partials[n_sums - 1], M, N, stride,
-            layernorm, weight is not None, dresidual is not None, cfg.rows, bucket(N), vec, num_warps=cfg.warps,
+            layernorm, weight is not None, dresidual is not None, cfg.rows, bucket(N), vec, EXACT_SUMS,
+            num_warps=cfg.warps,
         )  # fmt: skip
     elif cfg.slice:
         row_sums = rstd  # never read unless the first kernel fills it
