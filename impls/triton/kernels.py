@@ -316,27 +316,39 @@ def _odd_tile(rows, M, stride, j, in_body, edge_cols, in_edge, VEC: tl.constexpr
 
 
 @triton.jit
-def _exact_row_sum(body, edge, EXACT: tl.constexpr):
+def _exact_row_sum(body, edge, BITS: tl.constexpr):
     """Per row, the sum of a realigned row's body and edge terms, the same bits however the row is
-    split between them. Where a row starts within a vector decides which of its columns are body
-    and which edge, so a float sum would round differently for the same row in another place of
-    the batch (not batch invariant). Instead each term is scaled by a power of two that puts the
-    row's largest at 2^46 and truncated to an int64: that sum is exact, so any order gives the same
-    bits, and it resolves each term to 2^-46 of the largest (finer than an fp32 sum's rounding);
-    one rounding to fp32 at the end. Rows whose plain sum is not finite (NaN or inf terms) keep
-    the plain sum, which then is inf or NaN whatever the order."""
+    split between them (BITS > 0; 0: a plain float sum). Where a row starts within a vector decides
+    which of its columns are body and which edge, and so the order of a float sum, which would
+    round differently for the same row in another place of the batch (not batch invariant).
+
+    Instead each term is split into three parts on fixed grids, each of whose sums is exact in fp32
+    and so the same in any order: the row is scaled by a power of two that puts its largest term
+    under 2^BITS; adding and subtracting 1.5 * 2^(23 - k * BITS) rounds a value to a multiple of
+    2^(-k * BITS); a part is at most 2^BITS grid steps and a row at most 2^(23 - BITS) terms, so
+    every partial sum is an integer number of steps under 2^24. The three level sums are added in
+    a fixed order (two roundings) and scaled back; what is left after the third level (2^-33 of
+    the largest term at BITS = 11) is dropped. All fp32 arithmetic: about 12 operations a term.
+    Rows whose plain sum is not finite (NaN or inf terms) keep it (then inf or NaN in any order)."""
     plain = tl.sum(body, axis=1) + tl.sum(edge, axis=1)
-    if not EXACT:
+    if BITS == 0:
         return plain
     biggest = tl.maximum(tl.max(tl.abs(body), axis=1), tl.max(tl.abs(edge), axis=1))
     exponent = (biggest.to(tl.int32, bitcast=True) >> 23) & 0xFF
-    # 2^46 / 2^(exponent - 127), kept a normal number with a normal inverse (tiny rows: 2^126)
-    scale_exp = tl.minimum(tl.maximum(300 - exponent, 1), 253)
-    scale = (scale_exp << 23).to(tl.float32, bitcast=True)[:, None]
-    inverse = ((254 - scale_exp) << 23).to(tl.float32, bitcast=True)
-    fixed = tl.sum((body * scale).to(tl.int64), axis=1) + tl.sum((edge * scale).to(tl.int64), axis=1)
-    finite = tl.abs(plain) < float("inf")  # False for NaN too
-    return tl.where(finite, fixed.to(tl.float32) * inverse, plain)
+    # 2^BITS / 2^(exponent - 126), kept a normal number with a normal inverse (tiny rows: 2^126)
+    scale_exp = tl.minimum(tl.maximum(BITS + 253 - exponent, 1), 253)
+    rest_b = body * (scale_exp << 23).to(tl.float32, bitcast=True)[:, None]
+    rest_e = edge * (scale_exp << 23).to(tl.float32, bitcast=True)[:, None]
+    total = tl.zeros_like(plain)
+    for level in tl.static_range(3):
+        magic = tl.full([], ((150 - level * BITS) << 23) | (1 << 22), tl.int32).to(tl.float32, bitcast=True)
+        part_b = (rest_b + magic) - magic
+        part_e = (rest_e + magic) - magic
+        total += tl.sum(part_b, axis=1) + tl.sum(part_e, axis=1)
+        rest_b -= part_b
+        rest_e -= part_e
+    total *= ((254 - scale_exp) << 23).to(tl.float32, bitcast=True)
+    return tl.where(tl.abs(plain) < float("inf"), total, plain)  # (False for NaN too)
 
 
 @triton.jit(do_not_specialize=["M", "eps"])
@@ -344,7 +356,7 @@ def _norm_fwd_odd_kernel(
     X, R, W, B, Y, H, MEAN, RSTD,
     M, N, stride, eps,
     LAYERNORM: tl.constexpr, HAS_RESIDUAL: tl.constexpr, HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr,
-    ROWS: tl.constexpr, BLOCK_N: tl.constexpr, VEC: tl.constexpr, EXACT: tl.constexpr,
+    ROWS: tl.constexpr, BLOCK_N: tl.constexpr, VEC: tl.constexpr, SUM_BITS: tl.constexpr,
 ):  # fmt: skip
     """The forward of rows whose length is no multiple of a 16-byte vector (``Config.realign``).
     Program p walks rows p, p + G, p + 2G, ... (G programs, a multiple of VEC), which all start at
@@ -395,11 +407,11 @@ def _norm_fwd_odd_kernel(
             xb, xe = hb.to(tl.float32), he.to(tl.float32)
         here_mask = here < M
         if LAYERNORM:
-            mean = _exact_row_sum(xb, xe, EXACT) / N
+            mean = _exact_row_sum(xb, xe, SUM_BITS) / N
             xb = tl.where(mask_b, xb - mean[:, None], 0.0)
             xe = tl.where(mask_e, xe - mean[:, None], 0.0)
             tl.store(MEAN + here, mean, mask=here_mask)
-        rstd = _rstd(_exact_row_sum(xb * xb, xe * xe, EXACT) / N, eps)
+        rstd = _rstd(_exact_row_sum(xb * xb, xe * xe, SUM_BITS) / N, eps)
         tl.store(RSTD + here, rstd, mask=here_mask)
         yb = xb * rstd[:, None]
         ye = xe * rstd[:, None]
@@ -431,7 +443,12 @@ def row_strides(t, heads: int) -> tuple[int, int]:
     return (t.stride(0), t.stride(1)) if t.dim() == 3 else (heads * t.stride(0), t.stride(0))
 
 
-EXACT_SUMS = True  # the realigned kernels' row sums in fixed point (``_exact_row_sum``)
+EXACT_SUMS = True  # the realigned kernels' row sums split on fixed grids (``_exact_row_sum``)
+
+
+def sum_bits(block_n: int) -> int:
+    """``_exact_row_sum``'s BITS for rows of up to ``block_n`` (+ edge) terms; 0 for plain sums."""
+    return 23 - (block_n - 1).bit_length() if EXACT_SUMS else 0
 
 
 def realigned(cfg: Config, n: int, heads: int, tensors) -> tuple[int, int]:
@@ -473,7 +490,7 @@ def launch_fwd(cfg: Config, x, weight, bias, eps, layernorm: bool, y, mean, rstd
         return fast(_norm_fwd_odd_kernel)[(realigned_grid(cfg, M, vec, x.device),)](
             x, r, x if weight is None else weight, x if bias is None else bias, y, h, mean, rstd,
             M, N, stride, eps, layernorm, fused, weight is not None, bias is not None,
-            cfg.rows, bucket(N), vec, EXACT_SUMS, num_warps=cfg.warps,
+            cfg.rows, bucket(N), vec, sum_bits(bucket(N)), num_warps=cfg.warps,
         )  # fmt: skip
     (sx, sxh), (sr, srh), (sy, syh), (sh, shh) = (row_strides(t, heads) for t in (x, r, y, h))
     exact = () if cfg.chunk else (N if cfg.exact_n else 0,)
@@ -652,7 +669,7 @@ def _norm_bwd_odd_kernel(
     DY, X, W, MEAN, RSTD, DRES, DX, DW_PARTIAL, DB_PARTIAL,
     M, N, stride,
     LAYERNORM: tl.constexpr, HAS_WEIGHT: tl.constexpr, HAS_DRESIDUAL: tl.constexpr,
-    ROWS: tl.constexpr, BLOCK_N: tl.constexpr, VEC: tl.constexpr, EXACT: tl.constexpr,
+    ROWS: tl.constexpr, BLOCK_N: tl.constexpr, VEC: tl.constexpr, SUM_BITS: tl.constexpr,
 ):  # fmt: skip
     """The backward of rows whose length is no multiple of a 16-byte vector (``Config.realign``):
     the row kernel's loop (the next tile's loads issued before this one's math), over rows
@@ -700,9 +717,9 @@ def _norm_bwd_odd_kernel(
             xb, xe = xb - mean[:, None], xe - mean[:, None]
         xhat_b, xhat_e = xb * rstd[:, None], xe * rstd[:, None]  # padding lanes: dy (hence g) is 0
         gb, ge = (dyb * w_body, dye * w_edge) if HAS_WEIGHT else (dyb, dye)
-        c1 = _exact_row_sum(gb * xhat_b, ge * xhat_e, EXACT) / N
+        c1 = _exact_row_sum(gb * xhat_b, ge * xhat_e, SUM_BITS) / N
         if LAYERNORM:
-            c2 = _exact_row_sum(gb, ge, EXACT) / N
+            c2 = _exact_row_sum(gb, ge, SUM_BITS) / N
             dxb = (gb - xhat_b * c1[:, None] - c2[:, None]) * rstd[:, None]
             dxe = (ge - xhat_e * c1[:, None] - c2[:, None]) * rstd[:, None]
             db_body += tl.sum(dyb, axis=0)
@@ -975,8 +992,8 @@ def launch_bwd(cfg: Config, dy, x, weight, mean, rstd, layernorm: bool, dx, sums
     if stride:
         compiled = fast(_norm_bwd_odd_kernel)[(partial_rows,)](
             dy, x, w, mean, rstd, dres, dx, partials[0], partials[n_sums - 1], M, N, stride,
-            layernorm, weight is not None, dresidual is not None, cfg.rows, bucket(N), vec, EXACT_SUMS,
-            num_warps=cfg.warps,
+            layernorm, weight is not None, dresidual is not None, cfg.rows, bucket(N), vec,
+            sum_bits(bucket(N)), num_warps=cfg.warps,
         )  # fmt: skip
     elif cfg.slice:
         row_sums = rstd  # never read unless the first kernel fills it

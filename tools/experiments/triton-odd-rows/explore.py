@@ -31,13 +31,14 @@ from impls.triton import configs as C
 
 ELEMS = 2**27
 OPS = ("rmsnorm", "layernorm", "add_rmsnorm")
-ODD_N = tuple(int(n) for n in os.environ.get("ODD_N", "1001,2047,4001,7001").split(","))
+ODD_N = tuple(int(n) for n in os.environ.get("ODD_N", "2047,4001,7001").split(","))
 DIRECTIONS = tuple(os.environ.get("DIRECTIONS", "fwd,bwd").split(","))
 GPU = "NVIDIA H100 80GB HBM3"  # whose pinned table gives the "pinned" candidates
 
 
 def candidates(op, direction, n):
-    """Config dicts: the pinned one element-wise ("before"), the pinned one realigned, a grid."""
+    """(tag, config, exact sums): the pinned config element-wise ("before"); the pinned config and
+    a grid realigned, each with exact row sums and with plain ones ("plain-sums")."""
     pinned = C.lookup(GPU, op, direction, n)
     out = [("before", replace(pinned, realign=False)), ("pinned", pinned)]
     b = C.bucket(n)
@@ -50,12 +51,12 @@ def candidates(op, direction, n):
         cfg = C.Config(rows=r, warps=w, programs_per_sm=p)
         if cfg != pinned:
             out.append(("grid", cfg))
-    return out
+    return [(tag, cfg, True) for tag, cfg in out] + [("plain-sums", cfg, False) for tag, cfg in out[1:]]
 
 
 def jobs(dtype="bf16"):
-    return [(op, d, n, dtype, tag, cfg) for n in ODD_N for d in DIRECTIONS for op in OPS
-            for tag, cfg in candidates(op, d, n)]  # fmt: skip
+    return [(op, d, n, dtype, tag, cfg, exact) for n in ODD_N for d in DIRECTIONS for op in OPS
+            for tag, cfg, exact in candidates(op, d, n)]  # fmt: skip
 
 
 _IMPL = {}
@@ -80,9 +81,9 @@ def build(op, direction, shape, dtype):
 
 
 def warm(i, k):
-    for op, d, n, dtype, tag, cfg in jobs()[i::k]:
+    for op, d, n, dtype, tag, cfg, exact in jobs()[i::k]:
         try:
-            build(op, d, Shape((64, n)), dtype)(cfg)()
+            build(op, d, Shape((64, n)), dtype)(cfg, exact)()
         except Exception as e:  # noqa: BLE001
             print("warm fail", op, d, n, cfg, type(e).__name__, str(e)[:300], flush=True)
     torch.cuda.synchronize()
@@ -96,8 +97,8 @@ def run(out_dir, budget_s, dtype="bf16"):
     meta = start_meta(dtype=dtype, odd_n=ODD_N)
     copy_tbps = meta["copy_before"]["tbps"]
     points = {}
-    for op, d, n, dt, tag, cfg in jobs(dtype):
-        points.setdefault((op, d, n, dt), []).append((tag, cfg))
+    for op, d, n, dt, tag, cfg, exact in jobs(dtype):
+        points.setdefault((op, d, n, dt), []).append((tag, cfg, exact))
     size = DTYPES[dtype].itemsize
     with open(os.path.join(out_dir, "results.jsonl"), "w") as f:
         for (op, d, n, dt), cfgs in points.items():
@@ -108,40 +109,32 @@ def run(out_dir, budget_s, dtype="bf16"):
             launch = build(op, d, shape, dt)
             nbytes = bytes_moved(op, d, shape.m, shape.n, size).main
             recs = []
-            for tag, cfg in cfgs:
+            for tag, cfg, exact in cfgs:
                 rec = {"op": op, "direction": d, "N": n, "M": shape.m, "dtype": dt, "tag": tag,
-                       "config": asdict(cfg), "bytes": nbytes}  # fmt: skip
-                kernels = kernels_for(d, cfg)
+                       "config": asdict(cfg), "exact_sums": exact, "bytes": nbytes}  # fmt: skip
+                kernels = kernels_for(d, cfg, exact)
                 chk = run_check(_IMPL["triton"], op, d, Shape((512, n)), dt, "cuda", kernels=kernels)
                 rec["check"] = chk.status
                 if chk.status != "pass":
                     rec["check_summary"] = chk.summary()[:400]
                 try:
-                    rec["ms"] = [round(bench(launch(cfg)), 5)]
+                    rec["ms"] = [round(bench(launch(cfg, exact)), 5)]
                 except Exception as e:  # noqa: BLE001
                     rec["error"] = f"{type(e).__name__}: {str(e)[:200]}"
                 recs.append((cfg, rec))
             ok = [(c, r) for c, r in recs if "ms" in r and r["check"] == "pass"]
-            if ok:  # the fastest, the pinned realigned and the element-wise, twice more, alternating
-                best = min(ok, key=lambda cr: cr[1]["ms"][0])
-                again = [best] + [cr for cr in ok if cr[1]["tag"] in ("before", "pinned") and cr is not best]
-                if best[0].realign:  # and the fastest with plain float row sums: the exact sums' cost
-                    plain = {**best[1], "tag": "plain-sums", "ms": []}
-                    plain["check"] = run_check(_IMPL["triton"], op, d, Shape((512, n)), dt, "cuda",
-                                               kernels=kernels_for(d, best[0], False)).status  # fmt: skip
-                    launch(best[0], False)()
-                    plain["ms"].append(round(bench(launch(best[0], False)), 5))
-                    recs.append((best[0], plain))
-                    again.append((best[0], plain))
+            if ok:  # the fastest with exact sums, with plain ones, and the element-wise, twice more, alternating
+                again = [min((cr for cr in ok if cr[1]["tag"] == t or (t == "grid" and cr[1]["tag"] == "pinned")),
+                             key=lambda cr: cr[1]["ms"][0], default=None) for t in ("grid", "plain-sums", "before")]
                 for _ in range(2):
-                    for cfg, r in again:
-                        r["ms"].append(round(bench(launch(cfg, r["tag"] != "plain-sums")), 5))
+                    for cfg, r in filter(None, again):
+                        r["ms"].append(round(bench(launch(cfg, r["exact_sums"])), 5))
             for cfg, r in recs:
                 if "ms" in r:
                     med = sorted(r["ms"])[len(r["ms"]) // 2]
                     r["frac"] = round(nbytes / (med * 1e-3) / 1e12 / copy_tbps, 4)
                 f.write(json.dumps(r) + "\n")
-                print(op, d, n, r["tag"], cfg.rows, cfg.warps, cfg.programs_per_sm, r["check"], r.get("ms"),
+                print(op, d, n, r["tag"], r["exact_sums"], cfg.rows, cfg.warps, cfg.programs_per_sm, r["check"], r.get("ms"),
                       r.get("frac"), flush=True)  # fmt: skip
             f.flush()
             del launch
