@@ -110,10 +110,13 @@ def test_pinned_table_is_well_formed():
         if gpu.startswith("_"):
             continue
         for key, by_bucket in table.items():
-            op, _, direction = key.rpartition("_")
+            odd = key.endswith("_odd")  # the realigned kernels' table: whole rows, by bucket
+            op, _, direction = key.removesuffix("_odd").rpartition("_")
             assert op in ("rmsnorm", "layernorm", "add_rmsnorm") and direction in ("fwd", "bwd"), key
             for b, entry in by_bucket.items():
                 cfg = C.Config(**entry)
+                assert not odd or (cfg.realign and not (cfg.chunk or cfg.slice) and C.bucket(int(b)) == int(b)), (
+                    f"{gpu} {key} {b}: a realigned whole-row config, by bucket")
                 assert int(b) >= 1, f"{gpu} {key}: {b} is not an N"
                 assert cfg.chunk == 0 or C.bucket(cfg.chunk) == cfg.chunk, f"{gpu} {key} {b}: chunk"
                 assert cfg.slice == 0 or C.bucket(cfg.slice) == cfg.slice, f"{gpu} {key} {b}: slice"
@@ -145,6 +148,49 @@ def test_pinned_exchanging_backwards_wait_within_each_warp():
     assert waits, "no pinned config exchanges row sums"
     assert all(v == 0 for v in waits.values()), waits
     assert control > 0
+
+
+def test_pinned_realigned_configs_move_whole_vectors():
+    """Each pinned realigned config, built for sm_90a at an odd N: 16-byte loads and stores, where
+    the element-wise row kernel it replaces (the same config, ``realign`` off) has none. Built in
+    a process of its own (see above)."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    proc = subprocess.run([sys.executable, "-m", "impls.triton.sm90a_build", "--vectors"], env=env, check=False,
+                          capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    vectors = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert vectors, "no realigned config is pinned"
+    for key, (realigned, element_wise) in vectors.items():
+        assert realigned > 0 and element_wise == 0, (key, realigned, element_wise)
+
+
+def test_odd_rows_read_the_realigned_table_first():
+    gpu = "NVIDIA H100 80GB HBM3"
+    odd = C.pinned(gpu, "layernorm", "bwd", 4001, odd=True)
+    assert odd.realign and odd == C.Config(**C.pinned_table()[gpu]["layernorm_bwd_odd"]["4096"])
+    assert not C.pinned(gpu, "layernorm", "bwd", 4001).realign  # rows that fill whole vectors
+    assert C.is_odd(4001, torch.bfloat16) and C.is_odd(4004, torch.bfloat16) and not C.is_odd(4004, torch.float32)
+    # a bucket without a realigned entry keeps the element-wise row kernel
+    assert not C.pinned(gpu, "rmsnorm", "fwd", 1001, odd=True).realign
+
+
+def test_realigned_rows_are_those_of_one_stride_and_aligned_starts():
+    from impls.triton import kernels as K
+
+    cfg = C.Config(rows=2, realign=True)
+    x = torch.empty(37, 1001, dtype=torch.bfloat16)
+    assert K.realigned(cfg, 1001, 0, (x, torch.empty_like(x))) == (1001, 8)
+    assert K.realigned(replace(cfg, realign=False), 1001, 0, (x, x)) == (0, 0)
+    assert K.realigned(replace(cfg, chunk=256), 1001, 0, (x, x)) == (0, 0)
+    assert K.realigned(cfg, 1001, 0, (x, torch.empty(37, 1024, dtype=torch.bfloat16)[:, :1001])) == (0, 0)
+    assert K.realigned(cfg, 1001, 0, (x, torch.empty(37 * 1001 + 1, dtype=torch.bfloat16)[1:].view(37, 1001))) == (0, 0)
+    assert K.realigned(cfg, 1001, 5, (x, x)) == (0, 0)  # per-head views: the row kernel
+    y = torch.empty(37, 1024, dtype=torch.bfloat16)
+    assert K.realigned(cfg, 1024, 0, (y, y)) == (0, 0)  # whole vectors already
+    assert K.realigned(cfg, 1002, 0, (torch.empty(3, 1002),) * 2) == (1002, 4)  # fp32: 4 to a vector
+    for m in (1, 9, 37, 10**6):  # a multiple of the vector: a program's rows share their offset
+        grid = K.realigned_grid(C.Config(rows=2, programs_per_sm=3), m, 8, torch.device("cpu"))
+        assert grid % 8 == 0 and grid >= 8
 
 
 @pytest.mark.parametrize("gpu", sorted(C.pinned_table()))
@@ -291,6 +337,9 @@ PATHS = {
     # kernel), loads two blocks ahead
     "sliced, exchanged": (ROW, C.Config(rows=1, warps=4, slice=256, sync=True, ahead=2)),
     "sliced, exchanged, 2 rows": (ROW, C.Config(rows=2, warps=4, slice=256, sync=True)),
+    # rows of an odd width (37 x 1001: every offset within a vector) read realigned
+    "row, realigned": (C.Config(rows=2, warps=4, realign=True), C.Config(rows=2, programs_per_sm=2, realign=True)),
+    "row, realigned, 1 row": (C.Config(rows=1, realign=True), C.Config(rows=1, programs_per_sm=1, realign=True)),
 }
 # the per-head view's rows (T, H, N) have no (M, N) view: the kernels get it as it is
 SHAPES = [Shape((37, 1001)), Shape((2, 5, 130), "column-slice"), Shape((3, 4, 130), "head-slice-6")]
@@ -303,7 +352,7 @@ def test_kernel_paths(path, op, direction):
     kernels = _kernels(*PATHS[path])
     points = [(shape, "bf16", True) for shape in SHAPES]
     if path in ("chunked / sliced with row sums", "row, re-read", "row, exact N", "row, no prefetch", "sliced, streamed",
-                "row, dw per tile row", "sliced, exchanged"):  # fmt: skip
+                "row, dw per tile row", "sliced, exchanged", "row, realigned"):  # fmt: skip
         points += [(SHAPES[0], "fp32", True), (SHAPES[0], "bf16", False)]
     for shape, dtype, affine in points:
         r = run_check(IMPL, op, direction, shape, dtype, DEVICE, affine=affine, kernels=kernels)
@@ -324,14 +373,15 @@ MIXED_POINTS = [  # (op, x dtype, parameter dtype, dresidual_out given)
 @pytest.mark.parametrize("direction", ["fwd", "bwd"])
 def test_add_rmsnorm_and_fp32_weights(path, direction):
     kernels = _kernels(*PATHS[path])
+    shape = Shape((37, 1001)) if "realigned" in path else MIXED_SHAPE  # (per-head views are never realigned)
     for op, dtype, weight_dtype, dres in MIXED_POINTS:
-        bad = check(kernels, op, direction, MIXED_SHAPE, dtype, weight_dtype, dres)
+        bad = check(kernels, op, direction, shape, dtype, weight_dtype, dres)
         assert not bad, f"{path} {op} {dtype} weight {weight_dtype} dresidual={dres}: " + "; ".join(
             f"{r.name}: {r.reason}" for r in bad
         )
 
 
-@pytest.mark.parametrize("path", ["row, M % rows != 0", "chunked / sliced with row sums"])
+@pytest.mark.parametrize("path", ["row, M % rows != 0", "chunked / sliced with row sums", "row, realigned"])
 def test_add_rmsnorm_is_the_unfused_pair(path):
     """residual_out is torch's own x + residual (one rounding to x's dtype), and y / rstd are bit
     for bit RMSNorm's of residual_out as stored, on the same path: a per-head view's row kernel and,

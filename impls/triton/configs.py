@@ -32,10 +32,11 @@ A ``Config`` says how a kernel walks the (M, N) input:
   summed over the rows once at the end, instead of summed over each row block (a cross-warp
   reduction per block, which short rows, many to a tile, pay on every block).
 * ``realign``: whole-row kernels, rows whose length is no multiple of a 16-byte vector (N = 4001):
-  the realigned kernels (the default) read and write each row's body in whole vectors from its
-  first aligned element, its head and tail element-wise, on a persistent grid of
-  ``programs_per_sm`` per SM whose programs each take rows of one offset within a vector. Off, such
-  rows take the row kernels element-wise.
+  the realigned kernels read and write each row's body in whole vectors from its first aligned
+  element, its head and tail element-wise, on a persistent grid of ``programs_per_sm`` per SM
+  (rounded down to a multiple of the vector) whose programs each take rows of one offset within a
+  vector. Off, such rows take the row kernels element-wise. Pinned in a table of its own per op
+  and direction (``<op>_<direction>_odd``, by bucket), which such rows read first.
 * ``exact_n``: whole-row kernels only: compile for the exact row length (one compile per N instead
   of per bucket), so the vector slots of the padded tile that lie wholly past N vanish at compile
   time rather than being masked at run time. It is no general win: it helped the LayerNorm forward
@@ -90,7 +91,7 @@ BWD_TILE_MAX = 8192
 SMALL_ROWS = 512
 
 
-LATE_DEFAULTS = {"prefetch": True, "acc_rows": False, "sync": False, "ahead": 1, "realign": True}
+LATE_DEFAULTS = {"prefetch": True, "acc_rows": False, "sync": False, "ahead": 1, "realign": False}
 
 
 @dataclass(frozen=True)
@@ -108,7 +109,7 @@ class Config:
     acc_rows: bool = False
     sync: bool = False
     ahead: int = 1
-    realign: bool = True
+    realign: bool = False
 
     def __post_init__(self):
         # the sliced kernel keeps one or two blocks of loads in flight; another count would compute
@@ -152,8 +153,8 @@ def _clamp(v: int, lo: int, hi: int) -> int:
 def interpreter_config(direction: str, n: int) -> Config:
     """The CPU interpreter pays per operation, not per element: few programs, big tiles."""
     rows = _clamp(32768 // bucket(n), 1, 64)
-    if bucket(n) <= 32768:
-        return Config(rows=rows)
+    if bucket(n) <= 32768:  # (realigned where a row does not fill whole vectors: that path checked too)
+        return Config(rows=rows, realign=True)
     return Config(rows=1, chunk=8192) if direction == "fwd" else Config(rows=1, slice=8192, row_sums=True)
 
 
@@ -261,16 +262,23 @@ def pinned_table() -> dict:
     return _PINNED
 
 
-def pinned(gpu: str, op: str, direction: str, n: int) -> Config | None:
-    """An entry for exactly N (a sweep point that beat its bucket's config), else for N's bucket.
-    An op without a table of its own on this GPU uses the one it borrows (``BORROWS``)."""
+def is_odd(n: int, dtype) -> bool:
+    """Rows of ``n`` elements of ``dtype`` that do not fill whole 16-byte vectors."""
+    return dtype is not None and n % (16 // dtype.itemsize) != 0
+
+
+def pinned(gpu: str, op: str, direction: str, n: int, odd: bool = False) -> Config | None:
+    """An entry for exactly N (a sweep point that beat its bucket's config), else for N's bucket;
+    for ``odd`` rows (``is_odd``), the bucket's entry in the realigned kernels' table first. An op
+    without a table of its own on this GPU uses the one it borrows (``BORROWS``)."""
     tables = pinned_table().get(gpu, {})
     if f"{op}_{direction}" not in tables and op in BORROWS:
         source, adapt = BORROWS[op]
-        cfg = pinned(gpu, source, direction, n)
+        cfg = pinned(gpu, source, direction, n, odd)
         return adapt(cfg, direction, n) if cfg else None
+    entry = tables.get(f"{op}_{direction}_odd", {}).get(str(bucket(n))) if odd else None
     table = tables.get(f"{op}_{direction}", {})
-    entry = table.get(str(n)) or table.get(str(bucket(n)))
+    entry = entry or table.get(str(n)) or table.get(str(bucket(n)))
     return Config(**entry) if entry else None
 
 
@@ -316,11 +324,12 @@ _CHOSEN: dict = {}
 def choose(op: str, direction: str, n: int, device: torch.device, launch=None, dtype=None) -> Config:
     """The config to launch with (see the module docstring for the order)."""
     if device.type == "cuda" and (launch is None or os.environ.get(AUTOTUNE_ENV, "0") != "1"):
-        key = (op, direction, n, device, os.environ.get(TUNED_ENV))
+        odd = is_odd(n, dtype)
+        key = (op, direction, n, device, os.environ.get(TUNED_ENV), odd)
         hit = _CHOSEN.get(key)
         if hit is not None and hit[0] is _PINNED:
             return hit[1]
-        cfg = lookup(device_name(device), op, direction, n, capability_of(device))
+        cfg = lookup(device_name(device), op, direction, n, capability_of(device), odd)
         _CHOSEN[key] = (_PINNED, cfg)
         return cfg
     gpu = device_name(device)
@@ -331,23 +340,23 @@ def choose(op: str, direction: str, n: int, device: torch.device, launch=None, d
         return _SEARCHED[key]
     if device.type != "cuda":
         return interpreter_config(direction, n)
-    return lookup(gpu, op, direction, n, capability_of(device))
+    return lookup(gpu, op, direction, n, capability_of(device), is_odd(n, dtype))
 
 
-def resolve(gpu: str, op: str, direction: str, n: int, capability=None) -> tuple[Config, str]:
+def resolve(gpu: str, op: str, direction: str, n: int, capability=None, odd: bool = False) -> tuple[Config, str]:
     """The config and where it comes from: the table ``harness.spec.tuned`` picks for this GPU (its own,
     or one of a GPU of the same compute capability) at N, else the heuristic (adapted for an op
     that borrows another's configs)."""
     table_gpu, how = table_for(gpu, pinned_table(), capability)
-    found = pinned(table_gpu, op, direction, n) if table_gpu else None
+    found = pinned(table_gpu, op, direction, n, odd) if table_gpu else None
     if found:
         return found, how
     cfg = BORROWS[op][1](heuristic(direction, n), direction, n) if op in BORROWS else heuristic(direction, n)
     return cfg, how if table_gpu is None else f"heuristic (no entry for N={n} in the table of {table_gpu})"
 
 
-def lookup(gpu: str, op: str, direction: str, n: int, capability=None) -> Config:
-    return resolve(gpu, op, direction, n, capability)[0]
+def lookup(gpu: str, op: str, direction: str, n: int, capability=None, odd: bool = False) -> Config:
+    return resolve(gpu, op, direction, n, capability, odd)[0]
 
 
 def source(op: str, direction: str, n: int, dtype: str, device) -> str:

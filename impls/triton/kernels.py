@@ -81,17 +81,23 @@ at N = 16384 the partial rows (one per SM) and the rows in flight outgrow the L2
 read from DRAM almost twice and the partials are written back, far more traffic than the problem's
 own.
 
-Rows whose length is no multiple of a 16-byte vector (N = 4001, 1001, 20001) start anywhere within
-a vector, so their loads and stores are element-wise, and the launch config is what is left to
-choose for them (fewer warps per row, two programs per SM in the backward). A vectorized body needs
-each row realigned by a per-row shift, and Triton's layouts are static: ``tl.gather`` along the row
-lowers to a chain of warp shuffles (some 16K for a 4096-wide bf16 row, which ptxas took minutes
-over), and no other operation moves data between threads by a run-time offset. Loading whole
-vectors from each row's aligned start and computing in shifted columns instead makes the weight a
-per-row gather and the dw columns differ from row to row, unless a program takes only rows of one
-shift (row r starts (r * N) mod 8 elements into a vector: a persistent program whose rows are r0,
-r0 + G, ... with G a multiple of 8 keeps one shift, and with it one shifted weight and dw); with a
-scalar head and tail per row for dx, that design is not built yet.
+Rows whose length is no multiple of a 16-byte vector (N = 4001) start anywhere within a vector,
+so the row kernels' loads and stores are element-wise (a 2-byte access per element keeps the
+load/store units, not DRAM, busy). The realigned kernels (``Config.realign``, pinned per bucket in
+the ``*_odd`` tables) read each row's body in whole vectors from its first aligned element and its
+head and tail (under a vector each) element-wise. The body then sits in shifted columns, so the
+weight and the dw / db accumulators must be shifted alike; Triton's layouts are static, and
+``tl.gather`` along the row lowers to a chain of warp shuffles (some 16K for a 4096-wide bf16 row,
+which ptxas took minutes over). A row r starts (r * N) mod 8 elements into a vector, so a
+persistent program whose rows are r0, r0 + G, ... with G a multiple of 8 keeps one shift: one
+shifted weight, loaded once, and one shifted dw, written back in column order at the end.
+
+The price is batch invariance at those widths: which columns are body and which are head or tail
+depends on where the row starts, so its sums round differently at another place in the batch.
+Two exact sums (the same bits in any order) were built and timed: each term truncated to a 64-bit
+integer at a scale set by the row's largest, and each term split on three fixed fp32 grids whose
+sums are exact. Both cost 15-40 points of copy bandwidth at N = 4001-7001, more than the realigned
+body gains, so the sums are plain fp32 (reports/experiments/triton-odd-rows/).
 
 Rows too wide for one program's registers in the backward (above 16384): a 32768-wide row's dw
 accumulator alone is 128 KB of fp32, half an SM's register file, so the program that owns a row
@@ -316,39 +322,12 @@ def _odd_tile(rows, M, stride, j, in_body, edge_cols, in_edge, VEC: tl.constexpr
 
 
 @triton.jit
-def _exact_row_sum(body, edge, BITS: tl.constexpr):
-    """Per row, the sum of a realigned row's body and edge terms, the same bits however the row is
-    split between them (BITS > 0; 0: a plain float sum). Where a row starts within a vector decides
-    which of its columns are body and which edge, and so the order of a float sum, which would
-    round differently for the same row in another place of the batch (not batch invariant).
-
-    Instead each term is split into three parts on fixed grids, each of whose sums is exact in fp32
-    and so the same in any order: the row is scaled by a power of two that puts its largest term
-    under 2^BITS; adding and subtracting 1.5 * 2^(23 - k * BITS) rounds a value to a multiple of
-    2^(-k * BITS); a part is at most 2^BITS grid steps and a row at most 2^(23 - BITS) terms, so
-    every partial sum is an integer number of steps under 2^24. The three level sums are added in
-    a fixed order (two roundings) and scaled back; what is left after the third level (2^-33 of
-    the largest term at BITS = 11) is dropped. All fp32 arithmetic: about 12 operations a term.
-    Rows whose plain sum is not finite (NaN or inf terms) keep it (then inf or NaN in any order)."""
-    plain = tl.sum(body, axis=1) + tl.sum(edge, axis=1)
-    if BITS == 0:
-        return plain
-    biggest = tl.maximum(tl.max(tl.abs(body), axis=1), tl.max(tl.abs(edge), axis=1))
-    exponent = (biggest.to(tl.int32, bitcast=True) >> 23) & 0xFF
-    # 2^BITS / 2^(exponent - 126), kept a normal number with a normal inverse (tiny rows: 2^126)
-    scale_exp = tl.minimum(tl.maximum(BITS + 253 - exponent, 1), 253)
-    rest_b = body * (scale_exp << 23).to(tl.float32, bitcast=True)[:, None]
-    rest_e = edge * (scale_exp << 23).to(tl.float32, bitcast=True)[:, None]
-    total = tl.zeros_like(plain)
-    for level in tl.static_range(3):
-        magic = tl.full([], ((150 - level * BITS) << 23) | (1 << 22), tl.int32).to(tl.float32, bitcast=True)
-        part_b = (rest_b + magic) - magic
-        part_e = (rest_e + magic) - magic
-        total += tl.sum(part_b, axis=1) + tl.sum(part_e, axis=1)
-        rest_b -= part_b
-        rest_e -= part_e
-    total *= ((254 - scale_exp) << 23).to(tl.float32, bitcast=True)
-    return tl.where(tl.abs(plain) < float("inf"), total, plain)  # (False for NaN too)
+def _row_sum(body, edge):
+    """Per row, the sum of a realigned row's body and edge terms. Its rounding depends on which
+    columns are body and which edge, that is on where the row starts within a vector: the same row
+    at another place in the batch can get other bits (not batch invariant; see the module
+    docstring)."""
+    return tl.sum(body, axis=1) + tl.sum(edge, axis=1)
 
 
 @triton.jit(do_not_specialize=["M", "eps"])
@@ -356,15 +335,14 @@ def _norm_fwd_odd_kernel(
     X, R, W, B, Y, H, MEAN, RSTD,
     M, N, stride, eps,
     LAYERNORM: tl.constexpr, HAS_RESIDUAL: tl.constexpr, HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr,
-    ROWS: tl.constexpr, BLOCK_N: tl.constexpr, VEC: tl.constexpr, SUM_BITS: tl.constexpr,
+    ROWS: tl.constexpr, BLOCK_N: tl.constexpr, VEC: tl.constexpr,
 ):  # fmt: skip
     """The forward of rows whose length is no multiple of a 16-byte vector (``Config.realign``).
     Program p walks rows p, p + G, p + 2G, ... (G programs, a multiple of VEC), which all start at
     the same offset within a vector: their bodies are read and written in whole vectors from each
     row's first aligned element, their heads and tails element-wise, and the weight (and bias) is
     loaded once, shifted to match. The next tile's loads are issued before this tile's math (few
-    programs per SM: their loads must keep enough bytes in flight); the row sums are exact
-    (``_exact_row_sum``)."""
+    programs per SM: their loads must keep enough bytes in flight)."""
     me = tl.program_id(0)
     programs = tl.num_programs(0)
     head, body = _odd_split(me, stride, N, VEC)
@@ -407,11 +385,11 @@ def _norm_fwd_odd_kernel(
             xb, xe = hb.to(tl.float32), he.to(tl.float32)
         here_mask = here < M
         if LAYERNORM:
-            mean = _exact_row_sum(xb, xe, SUM_BITS) / N
+            mean = _row_sum(xb, xe) / N
             xb = tl.where(mask_b, xb - mean[:, None], 0.0)
             xe = tl.where(mask_e, xe - mean[:, None], 0.0)
             tl.store(MEAN + here, mean, mask=here_mask)
-        rstd = _rstd(_exact_row_sum(xb * xb, xe * xe, SUM_BITS) / N, eps)
+        rstd = _rstd(_row_sum(xb * xb, xe * xe) / N, eps)
         tl.store(RSTD + here, rstd, mask=here_mask)
         yb = xb * rstd[:, None]
         ye = xe * rstd[:, None]
@@ -441,14 +419,6 @@ def row_strides(t, heads: int) -> tuple[int, int]:
     if not heads:
         return t.stride(0), 0
     return (t.stride(0), t.stride(1)) if t.dim() == 3 else (heads * t.stride(0), t.stride(0))
-
-
-EXACT_SUMS = True  # the realigned kernels' row sums split on fixed grids (``_exact_row_sum``)
-
-
-def sum_bits(block_n: int) -> int:
-    """``_exact_row_sum``'s BITS for rows of up to ``block_n`` (+ edge) terms; 0 for plain sums."""
-    return 23 - (block_n - 1).bit_length() if EXACT_SUMS else 0
 
 
 def realigned(cfg: Config, n: int, heads: int, tensors) -> tuple[int, int]:
@@ -490,7 +460,7 @@ def launch_fwd(cfg: Config, x, weight, bias, eps, layernorm: bool, y, mean, rstd
         return fast(_norm_fwd_odd_kernel)[(realigned_grid(cfg, M, vec, x.device),)](
             x, r, x if weight is None else weight, x if bias is None else bias, y, h, mean, rstd,
             M, N, stride, eps, layernorm, fused, weight is not None, bias is not None,
-            cfg.rows, bucket(N), vec, sum_bits(bucket(N)), num_warps=cfg.warps,
+            cfg.rows, bucket(N), vec, num_warps=cfg.warps,
         )  # fmt: skip
     (sx, sxh), (sr, srh), (sy, syh), (sh, shh) = (row_strides(t, heads) for t in (x, r, y, h))
     exact = () if cfg.chunk else (N if cfg.exact_n else 0,)
@@ -669,14 +639,13 @@ def _norm_bwd_odd_kernel(
     DY, X, W, MEAN, RSTD, DRES, DX, DW_PARTIAL, DB_PARTIAL,
     M, N, stride,
     LAYERNORM: tl.constexpr, HAS_WEIGHT: tl.constexpr, HAS_DRESIDUAL: tl.constexpr,
-    ROWS: tl.constexpr, BLOCK_N: tl.constexpr, VEC: tl.constexpr, SUM_BITS: tl.constexpr,
+    ROWS: tl.constexpr, BLOCK_N: tl.constexpr, VEC: tl.constexpr,
 ):  # fmt: skip
     """The backward of rows whose length is no multiple of a 16-byte vector (``Config.realign``):
     the row kernel's loop (the next tile's loads issued before this one's math), over rows
     p, p + G, ... as in ``_norm_fwd_odd_kernel``, so that the weight and the dw / db accumulators
     hold one shift for all of a program's rows: the body's columns start at ``head``, the head's
-    and tail's are ``edge_cols``. The row sums are exact (``_exact_row_sum``); the partial rows are
-    written back in natural column order."""
+    and tail's are ``edge_cols``. The partial rows are written back in natural column order."""
     me = tl.program_id(0)
     programs = tl.num_programs(0)
     head, body = _odd_split(me, stride, N, VEC)
@@ -717,9 +686,9 @@ def _norm_bwd_odd_kernel(
             xb, xe = xb - mean[:, None], xe - mean[:, None]
         xhat_b, xhat_e = xb * rstd[:, None], xe * rstd[:, None]  # padding lanes: dy (hence g) is 0
         gb, ge = (dyb * w_body, dye * w_edge) if HAS_WEIGHT else (dyb, dye)
-        c1 = _exact_row_sum(gb * xhat_b, ge * xhat_e, SUM_BITS) / N
+        c1 = _row_sum(gb * xhat_b, ge * xhat_e) / N
         if LAYERNORM:
-            c2 = _exact_row_sum(gb, ge, SUM_BITS) / N
+            c2 = _row_sum(gb, ge) / N
             dxb = (gb - xhat_b * c1[:, None] - c2[:, None]) * rstd[:, None]
             dxe = (ge - xhat_e * c1[:, None] - c2[:, None]) * rstd[:, None]
             db_body += tl.sum(dyb, axis=0)
@@ -993,7 +962,7 @@ def launch_bwd(cfg: Config, dy, x, weight, mean, rstd, layernorm: bool, dx, sums
         compiled = fast(_norm_bwd_odd_kernel)[(partial_rows,)](
             dy, x, w, mean, rstd, dres, dx, partials[0], partials[n_sums - 1], M, N, stride,
             layernorm, weight is not None, dresidual is not None, cfg.rows, bucket(N), vec,
-            sum_bits(bucket(N)), num_warps=cfg.warps,
+            num_warps=cfg.warps,
         )  # fmt: skip
     elif cfg.slice:
         row_sums = rstd  # never read unless the first kernel fills it

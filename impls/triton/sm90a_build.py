@@ -37,9 +37,9 @@ DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 FLAGS = {"rmsnorm": (False, False), "layernorm": (True, False), "add_rmsnorm": (False, True)}  # LAYERNORM, fused
 
 
-def build(kernel, pointers: dict, constexprs: dict, warps: int):
+def build(kernel, pointers: dict, constexprs: dict, warps: int, odd: bool = False):
     """Compile ``kernel`` with these pointer dtypes and compile-time values; other arguments are
-    i32 (fp32 for eps)."""
+    i32 (fp32 for eps). ``odd``: N and the row strides no multiple of 16 (pointers still are)."""
     sig = {}
     for name in kernel.arg_names:
         if name in constexprs:
@@ -48,7 +48,8 @@ def build(kernel, pointers: dict, constexprs: dict, warps: int):
             sig[name] = "*" + pointers[name]
         else:
             sig[name] = "fp32" if name == "eps" else "i32"
-    aligned = [(i,) for i, a in enumerate(kernel.arg_names) if sig[a][0] == "*" or a == "N" or a.startswith("stride")]
+    aligned = [(i,) for i, a in enumerate(kernel.arg_names)
+               if sig[a][0] == "*" or (not odd and (a == "N" or a.startswith("stride")))]  # fmt: skip
     src = ASTSource(
         fn=kernel, signature=sig, constexprs={(kernel.arg_names.index(k),): v for k, v in constexprs.items()},
         attrs={i: [["tt.divisibility", 16]] for i in aligned},
@@ -84,17 +85,48 @@ def pinned_waits() -> dict:
     return out
 
 
+def pinned_vectors() -> dict:
+    """Per pinned realigned config (the ``*_odd`` tables), built at the bucket's N - 1 (an odd row):
+    its 16-byte global loads and stores, and those of the element-wise row kernel it replaces (the
+    same config with ``realign`` off), which has none."""
+    from dataclasses import replace
+
+    def vectors(ptx: str) -> int:
+        return len(re.findall(r"(?:ld|st)\.global[.\w]*\.v4", ptx))
+
+    out = {}
+    for gpu, table in C.pinned_table().items():
+        for key, by_n in table.items():
+            if not key.endswith("_odd"):
+                continue
+            op, _, direction = key[: -len("_odd")].rpartition("_")
+            for b, entry in by_n.items():
+                cfg = C.Config(**entry)
+                n = int(b) - 1
+                out[f"{gpu} {key} {b}"] = [vectors(build_config(op, direction, n, c).asm["ptx"])
+                                           for c in (cfg, replace(cfg, realign=False))]  # fmt: skip
+    return out
+
+
 def build_config(op: str, direction: str, n: int, cfg: C.Config, x_dtype="bf16", w_dtype="bf16"):
     layernorm, fused = FLAGS[op]
     rows = dict.fromkeys(("X", "R", "Y", "H", "DY", "DRES", "DX"), x_dtype)
     fp32 = dict.fromkeys(("MEAN", "RSTD", "ROW_SUMS", "DW_PARTIAL", "DB_PARTIAL"), "fp32")
     pointers = {**rows, **fp32, "W": w_dtype, "B": w_dtype}
     whole_row = {"BLOCK_N": C.bucket(n), "EXACT_N": n if cfg.exact_n else 0, "VIEWS": False}  # (M, N) rows
+    odd = n % 8 != 0  # N and the row strides no multiple of 16 either
+    if cfg.realign and odd and not (cfg.chunk or cfg.slice):  # bf16 rows that fill no whole vectors
+        flags = {"LAYERNORM": layernorm, "ROWS": cfg.rows, "BLOCK_N": C.bucket(n), "VEC": 16 // DTYPES[x_dtype].itemsize}
+        if direction == "fwd":
+            flags |= {"HAS_RESIDUAL": fused, "HAS_WEIGHT": True, "HAS_BIAS": layernorm}
+            return build(K._norm_fwd_odd_kernel, pointers, flags, cfg.warps, odd)
+        flags |= {"HAS_WEIGHT": True, "HAS_DRESIDUAL": fused}
+        return build(K._norm_bwd_odd_kernel, pointers, flags, cfg.warps, odd)
     if direction == "fwd":
         flags = {"LAYERNORM": layernorm, "HAS_RESIDUAL": fused, "HAS_WEIGHT": True, "HAS_BIAS": layernorm, "ROWS": cfg.rows}
         if cfg.chunk:
-            return build(K._norm_fwd_chunked_kernel, pointers, {**flags, "CHUNK": cfg.chunk, "VIEWS": False}, cfg.warps)
-        return build(K._norm_fwd_row_kernel, pointers, {**flags, **whole_row}, cfg.warps)
+            return build(K._norm_fwd_chunked_kernel, pointers, {**flags, "CHUNK": cfg.chunk, "VIEWS": False}, cfg.warps, odd)
+        return build(K._norm_fwd_row_kernel, pointers, {**flags, **whole_row}, cfg.warps, odd)
     flags = {"LAYERNORM": layernorm, "HAS_WEIGHT": True, "HAS_DRESIDUAL": fused, "ROWS": cfg.rows}
     if cfg.slice:
         slices = triton.cdiv(n, cfg.slice)
@@ -103,9 +135,9 @@ def build_config(op: str, direction: str, n: int, cfg: C.Config, x_dtype="bf16",
                   "VIEWS": False, "SYNC": cfg.sync, "AHEAD": cfg.ahead}  # fmt: skip
         if cfg.sync:  # the posted row sums: int64 slots
             pointers = {**pointers, "ROW_SUMS": "i64"}
-        return build(K._norm_bwd_slice_kernel, pointers, {**flags, **sliced}, cfg.warps)
+        return build(K._norm_bwd_slice_kernel, pointers, {**flags, **sliced}, cfg.warps, odd)
     row = {**flags, **whole_row, "REREAD": cfg.reread, "PREFETCH": cfg.prefetch, "ACC_ROWS": cfg.acc_rows}
-    return build(K._norm_bwd_row_kernel, pointers, row, cfg.warps)
+    return build(K._norm_bwd_row_kernel, pointers, row, cfg.warps, odd)
 
 
 def main(argv=None) -> int:
@@ -116,10 +148,14 @@ def main(argv=None) -> int:
     p.add_argument("--config", help="a Config as JSON, instead of the GPU's")
     p.add_argument("--weight-dtype", default="bf16", choices=("bf16", "fp32"))
     p.add_argument("--waits", action="store_true", help="print ``pinned_waits()`` as JSON instead")
+    p.add_argument("--vectors", action="store_true", help="print ``pinned_vectors()`` as JSON instead")
     p.add_argument("n", nargs="*", type=int, help="row lengths (default: the sweep's)")
     a = p.parse_args(argv)
     if a.waits:
         print(json.dumps(pinned_waits()))
+        return 0
+    if a.vectors:
+        print(json.dumps(pinned_vectors()))
         return 0
     from harness.spec.shapes import SWEEP_N
 
