@@ -169,7 +169,8 @@ def test_odd_rows_read_the_realigned_table_first():
     odd = C.pinned(gpu, "layernorm", "bwd", 4001, odd=True)
     assert odd.realign and odd == C.Config(**C.pinned_table()[gpu]["layernorm_bwd_odd"]["4096"])
     assert not C.pinned(gpu, "layernorm", "bwd", 4001).realign  # rows that fill whole vectors
-    assert C.is_odd(4001, torch.bfloat16) and C.is_odd(4004, torch.bfloat16) and not C.is_odd(4004, torch.float32)
+    assert C.is_odd(4001, torch.float16) and C.is_odd(4004, torch.bfloat16) and not C.is_odd(4096, torch.bfloat16)
+    assert not C.is_odd(4001, torch.float32)  # element-wise: 4 bytes an access (see is_odd)
     # a bucket without a realigned entry keeps the element-wise row kernel
     assert not C.pinned(gpu, "rmsnorm", "fwd", 1001, odd=True).realign
 

@@ -263,8 +263,11 @@ def pinned_table() -> dict:
 
 
 def is_odd(n: int, dtype) -> bool:
-    """Rows of ``n`` elements of ``dtype`` that do not fill whole 16-byte vectors."""
-    return dtype is not None and n % (16 // dtype.itemsize) != 0
+    """16-bit rows of ``n`` elements that do not fill whole 16-byte vectors: the rows the realigned
+    kernels' tables are for. fp32 rows are not: their element-wise accesses move 4 bytes each, and
+    realigned on the bf16 tables they lost as often as they won (H100, N = 2047-7001:
+    reports/experiments/triton-odd-rows/)."""
+    return dtype is not None and dtype.itemsize == 2 and n % 8 != 0
 
 
 def pinned(gpu: str, op: str, direction: str, n: int, odd: bool = False) -> Config | None:

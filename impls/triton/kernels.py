@@ -96,8 +96,9 @@ The price is batch invariance at those widths: which columns are body and which 
 depends on where the row starts, so its sums round differently at another place in the batch.
 Two exact sums (the same bits in any order) were built and timed: each term truncated to a 64-bit
 integer at a scale set by the row's largest, and each term split on three fixed fp32 grids whose
-sums are exact. Both cost 15-40 points of copy bandwidth at N = 4001-7001, more than the realigned
-body gains, so the sums are plain fp32 (reports/experiments/triton-odd-rows/).
+sums are exact. Both cost up to 38 points of copy bandwidth at N = 2047-7001 (LayerNorm's backward
+at 4001: 73% with plain sums, 41% and 35% with exact ones), mostly more than the realigned body
+gains, so the sums are plain fp32 (reports/experiments/triton-odd-rows/).
 
 Rows too wide for one program's registers in the backward (above 16384): a 32768-wide row's dw
 accumulator alone is 128 KB of fp32, half an SM's register file, so the program that owns a row
