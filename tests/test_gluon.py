@@ -6,6 +6,7 @@ Gluon kernels on a GPU, their code with layouts erased under Triton's interprete
 import contextlib
 import importlib.util
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -17,7 +18,7 @@ from harness.run.checker import compare, poisoned_allocations
 from harness.spec import reference
 from harness.spec.contract import DTYPES
 from harness.spec.inputs import make_case
-from harness.spec.shapes import SHAPE_SETS
+from harness.spec.shapes import SHAPE_SETS, Shape
 
 from .conftest import DEVICE, HAS_CUDA
 from .gpu_only_dsl import (
@@ -437,38 +438,44 @@ def test_add_rmsnorm_against_fp64(contract, dtype, param_dtype):
     _, k = contract
     # bf16 with fp32 weights on every CPU shape, the other pairs on the smoke rows and the wide path
     for shape in _shapes("bf16" if (dtype, param_dtype) == ("bf16", "fp32") else "other", "bwd"):
-        case = make_case("rmsnorm", shape, DTYPES[dtype], DEVICE, seed=1)
-        res = make_case("rmsnorm", shape, DTYPES[dtype], DEVICE, seed=2)["x"]
-        dres = make_case("rmsnorm", shape, DTYPES[dtype], DEVICE, seed=3)["dy"]
-        x, dy, w, n = case["x"], case["dy"], case["weight"], shape.n
-        w = w if param_dtype == "x" else w.float()
-        y_ref, h_ref, rstd_ref = reference.add_rmsnorm_fwd(x, res, w, case["eps"])
-        with poisoned_allocations():
-            y, h, rstd = k.add_rmsnorm_fwd(x, res, w, case["eps"])
-        if HAS_CUDA or dtype != "bf16":
-            # the sum rounded once to x's dtype, bit for bit what the unfused pair stores
-            assert torch.equal(h, (x.float() + res.float()).to(x.dtype)), f"{shape.label}: residual_out"
-        else:
-            # Triton's interpreter truncates fp32 -> bf16 (a GPU rounds to nearest even): here h is
-            # within an ulp of the rounded sum, and y and rstd must be those of h as it was stored
-            y_ref, rstd_ref = reference.rmsnorm_fwd(h, w, case["eps"])
-        reports = [
-            compare("y", y, y_ref, x.dtype, x.shape),
-            compare("residual_out", h, h_ref, x.dtype, x.shape),
-            compare("rstd", rstd, rstd_ref, torch.float32, x.shape[:-1]),
-        ]
-        h_in = h_ref.to(x.dtype)  # the backward gets residual_out as the unfused model stored it
-        for d in (dres, None):
-            dh_ref, dw_ref = reference.add_rmsnorm_bwd(dy, d, h_in, w, rstd_ref)
-            with poisoned_allocations():
-                dh, dw = k.add_rmsnorm_bwd(dy, d, h_in, w, rstd_ref.float())
-            dh_scale, dw_scale = _rms_bwd_scales(_rows(dy, n), _rows(h_in, n), w, rstd_ref, None if d is None else _rows(d, n))
-            reports += [
-                compare("dh" if d is not None else "dh (no dresidual_out)", dh, dh_ref, x.dtype, x.shape, dh_scale.reshape(x.shape)),
-                compare("dweight", dw, dw_ref, w.dtype, w.shape, dw_scale),
-            ]
-        bad = [f"{r.name}: {r.reason}" for r in reports if not r.passed]
+        bad = _add_rmsnorm_failures(k, shape, dtype, param_dtype)
         assert not bad, f"{shape.label} {dtype} weight {param_dtype}: {bad}"
+
+
+def _add_rmsnorm_failures(k, shape, dtype, param_dtype) -> list[str]:
+    """add + RMSNorm's forward and backward (with and without dresidual_out) on one shape, with
+    weights in x's dtype ("x") or fp32: the failing tensors' reports."""
+    case = make_case("rmsnorm", shape, DTYPES[dtype], DEVICE, seed=1)
+    res = make_case("rmsnorm", shape, DTYPES[dtype], DEVICE, seed=2)["x"]
+    dres = make_case("rmsnorm", shape, DTYPES[dtype], DEVICE, seed=3)["dy"]
+    x, dy, w, n = case["x"], case["dy"], case["weight"], shape.n
+    w = w if param_dtype == "x" else w.float()
+    y_ref, h_ref, rstd_ref = reference.add_rmsnorm_fwd(x, res, w, case["eps"])
+    with poisoned_allocations():
+        y, h, rstd = k.add_rmsnorm_fwd(x, res, w, case["eps"])
+    if HAS_CUDA or dtype != "bf16":
+        # the sum rounded once to x's dtype, bit for bit what the unfused pair stores
+        assert torch.equal(h, (x.float() + res.float()).to(x.dtype)), f"{shape.label}: residual_out"
+    else:
+        # Triton's interpreter truncates fp32 -> bf16 (a GPU rounds to nearest even): here h is
+        # within an ulp of the rounded sum, and y and rstd must be those of h as it was stored
+        y_ref, rstd_ref = reference.rmsnorm_fwd(h, w, case["eps"])
+    reports = [
+        compare("y", y, y_ref, x.dtype, x.shape),
+        compare("residual_out", h, h_ref, x.dtype, x.shape),
+        compare("rstd", rstd, rstd_ref, torch.float32, x.shape[:-1]),
+    ]
+    h_in = h_ref.to(x.dtype)  # the backward gets residual_out as the unfused model stored it
+    for d in (dres, None):
+        dh_ref, dw_ref = reference.add_rmsnorm_bwd(dy, d, h_in, w, rstd_ref)
+        with poisoned_allocations():
+            dh, dw = k.add_rmsnorm_bwd(dy, d, h_in, w, rstd_ref.float())
+        dh_scale, dw_scale = _rms_bwd_scales(_rows(dy, n), _rows(h_in, n), w, rstd_ref, None if d is None else _rows(d, n))
+        reports += [
+            compare("dh" if d is not None else "dh (no dresidual_out)", dh, dh_ref, x.dtype, x.shape, dh_scale.reshape(x.shape)),
+            compare("dweight", dw, dw_ref, w.dtype, w.shape, dw_scale),
+        ]
+    return [f"{r.name}: {r.reason}" for r in reports if not r.passed]
 
 
 @pytest.mark.parametrize("op", ["rmsnorm", "layernorm"])
@@ -507,3 +514,145 @@ def test_overflowing_statistics_give_nan_not_a_finite_value(contract, op, n):
     give NaN in y and, through the saved rstd, in dx, at every N; the rows beside stay finite."""
     _, k = contract
     assert_overflowed_rows_are_nan(k, op, n, DEVICE)
+
+
+# ------------------------------------------ rows of an odd width: the realigned kernels
+# 37 x 1001: every offset of a row within a 16-byte vector, 8 persistent programs on the CPU (one
+# per offset), each walking several tiles, its last one partly past M. The 1024 bucket has no
+# realigned entry in the plan (its rows take the element-wise kernels), so these tests give it one,
+# of one or of two rows a program.
+ODD_SHAPE = Shape((37, 1001))
+
+
+def _realigned_rule(rows: int) -> dict:
+    from impls.gluon import plan as P
+
+    ops = ("rmsnorm", "layernorm", "add_rmsnorm")
+    return {**P.REALIGNED, **{(d, op, 1024): (rows, 4, 2) for d in ("fwd", "bwd") for op in ops}}
+
+
+def _launched(monkeypatch) -> list:
+    """The names of the kernels the Gluon host code launches from here on."""
+    from impls.gluon import kernels
+
+    names, launch = [], kernels._launch
+
+    def spy(kernel, grid, *args):
+        names.append(kernel.fn.__name__)
+        return launch(kernel, grid, *args)
+
+    monkeypatch.setattr(kernels, "_launch", spy)
+    return names
+
+
+@pytest.mark.parametrize("dtype,rows", [("bf16", 1), ("fp16", 2)])
+def test_realigned_rows_against_fp64(contract, monkeypatch, dtype, rows):
+    """Every op and direction on the realigned kernels, against fp64 (the harness's check): weights
+    in x's dtype, in fp32, and none (the fused add's backward then without dresidual_out). The
+    fused add's bf16 forward on the CPU as ``test_add_rmsnorm_against_fp64`` checks it (the
+    interpreter truncates h), with and without dresidual_out."""
+    from harness.run.checker import run_check
+    from impls.gluon import kernels, plan
+
+    monkeypatch.setattr(plan, "REALIGNED", _realigned_rule(rows))
+    impl, k = contract
+    launched = _launched(monkeypatch)
+    x = torch.empty(ODD_SHAPE.dims, dtype=DTYPES[dtype])
+    bad = []
+    for op in ("rmsnorm", "layernorm", "add_rmsnorm"):
+        for direction in ("fwd", "bwd"):
+            assert kernels.realigned(direction, op, ODD_SHAPE.n, 0, (x,))[0], (op, direction)
+            main = "_fwd_odd_kernel" if direction == "fwd" else "_bwd_odd_kernel"
+            if (op, direction, dtype) == ("add_rmsnorm", "fwd", "bf16") and not HAS_CUDA:
+                for param_dtype in ("x", "fp32"):
+                    launched.clear()
+                    failures = _add_rmsnorm_failures(k, ODD_SHAPE, dtype, param_dtype)
+                    bad += [f"{op} weights {param_dtype}: {b}" for b in failures]
+                    assert {"_fwd_odd_kernel", "_bwd_odd_kernel"} <= set(launched), (op, launched)
+                continue
+            for affine, weights in ((True, "same"), (True, "fp32"), (False, "same")):
+                launched.clear()
+                r = run_check(impl, op, direction, ODD_SHAPE, dtype, DEVICE, affine=affine, weights=weights, kernels=k)
+                if not r.passed:
+                    bad.append(f"{op} {direction} weights={weights if affine else None}: {r.status} {r.summary()}")
+                assert main in launched, (op, direction, launched)
+    assert not bad, "\n".join(bad)
+
+
+def test_realigned_rows_are_16_bit_whole_rows_of_one_stride_and_aligned_starts(monkeypatch):
+    """The realigned kernels take 16-bit (M, N) rows of an odd width that the plan realigns, every
+    row tensor of one stride from a 16-byte aligned start; anything else keeps the element-wise
+    kernels. Their grid is a multiple of 8 (a program's rows keep one offset within a vector)."""
+    from impls.gluon import kernels as K
+    from impls.gluon import plan as P
+
+    bf16 = torch.bfloat16
+    x = torch.empty(37, 2047, dtype=bf16)
+    r, stride = K.realigned("fwd", "rmsnorm", 2047, 0, (x, torch.empty_like(x)))
+    assert stride == 2047 and r == P.realigned_plan("fwd", "rmsnorm", 2047, 2) and r.tile.vec == 8
+    assert K.realigned("bwd", "add_rmsnorm", 4001, 0, (torch.empty(3, 4001, dtype=torch.float16),) * 4)[1] == 4001
+    refused = {
+        "an unaligned start": (2047, 0, (x, torch.empty(37 * 2047 + 1, dtype=bf16)[1:].view(37, 2047))),
+        "unequal strides": (2047, 0, (x, torch.empty(37, 2048, dtype=bf16)[:, :2047])),
+        "per-head views": (2047, 5, (x, x)),
+        "a 3-D tensor beside (M, N) rows": (2047, 0, (x, torch.empty(37, 1, 2047, dtype=bf16))),
+        "whole vectors already": (2048, 0, (torch.empty(3, 2048, dtype=bf16),) * 2),
+        "fp32 rows": (2047, 0, (torch.empty(3, 2047),) * 2),
+        "a bucket the plan keeps element-wise": (1001, 0, (torch.empty(3, 1001, dtype=bf16),) * 2),
+    }
+    for why, (n, heads, tensors) in refused.items():
+        assert K.realigned("fwd", "rmsnorm", n, heads, tensors) == (None, 0), why
+    # rows too wide for one program (the backward's slices) stay element-wise whatever the entries
+    monkeypatch.setattr(P, "REALIGNED", {**P.REALIGNED, ("bwd", "rmsnorm", 16384): (1, 16, 1)})
+    wide = (torch.empty(2, 16383, dtype=bf16),) * 2
+    assert K.realigned("bwd", "rmsnorm", 16383, 0, wide) == (None, 0)
+    assert K.realigned("fwd", "rmsnorm", 16383, 0, wide) == (None, 0)  # (no entry)
+    monkeypatch.setattr(K, "SM_COUNT_WITHOUT_GPU", 132)
+    for m in (1, 9, 37, 10**6):
+        grid = K._realigned_grid(K._fwd_odd_kernel, {"W": x, "B": x}, {}, r, m, x, (False,) * 4)
+        assert grid % 8 == 0 and 8 <= grid <= max(8, r.programs_per_sm * 132), (m, grid)
+        assert (grid - 8) * r.tile.rows < m, (m, grid)  # no more than the row tiles need
+
+
+def test_realigned_tiles_keep_their_rows_within_each_thread():
+    """Every realigned entry's tile: 16-byte vectors, the entry's warps along N and its rows within
+    each thread (the backward's per-tile sums of dw and db over the rows cross no warp)."""
+    from impls.gluon import plan as P
+
+    assert P.REALIGNED
+    for (direction, op, bucket), (rows, warps, per_sm) in P.REALIGNED.items():
+        r = P.realigned_plan(direction, op, bucket - 1, 2)
+        t = r.tile
+        assert (t.width, t.vec * 2, t.rows, t.num_warps, r.programs_per_sm) == (bucket, 16, rows, warps, per_sm)
+        assert t.threads == (1, 32) and t.warps == (1, warps), (direction, op, bucket, t)
+        assert P.realigned_plan(direction, op, bucket - 1, 4) is None  # fp32: element-wise
+
+
+def _vector_accesses(ptx: str) -> int:
+    return len(re.findall(r"(?:ld|st)\.global[.\w]*\.v4", ptx))
+
+
+ODD_COMPILES = [(2047, "bf16", "fp32"), (4001, "bf16", "bf16"), (4001, "fp16", "fp32"), (7001, "bf16", "fp32")]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("n,dtype,param_dtype", ODD_COMPILES, ids=[f"{n}-{d}-{p}weight" for n, d, p in ODD_COMPILES])
+def test_realigned_kernels_move_16_byte_vectors(gluon_kernels, monkeypatch, n, dtype, param_dtype):
+    """Built for sm_90a at an odd N, the plan's realigned kernels load and store 16-byte vectors
+    (ld/st.global.v4), every op and direction; the element-wise kernels they replace (the plan
+    without realigned entries) have none."""
+    from impls.gluon import plan as P
+
+    k = gluon_kernels
+    x, dy, w, b, s = inputs(Shape((64, n)), DTYPES[dtype], DTYPES[param_dtype])
+    for rule in ("realigned", "element-wise"):
+        if rule == "element-wise":
+            monkeypatch.setattr(P, "REALIGNED", {})
+        for (op, direction), call in CALLS.items():
+            with k.compile_only() as compiled:
+                call(k, x, dy, w, b, s)
+            main = compiled[0]
+            want = ("_fwd" if direction == "fwd" else "_bwd") + ("_odd_kernel" if rule == "realigned" else "_kernel")
+            assert main.metadata.name == want, (op, direction, rule, [c.metadata.name for c in compiled])
+            vectors = _vector_accesses(main.asm["ptx"])
+            assert (vectors > 0) == (rule == "realigned"), (op, direction, rule, vectors)

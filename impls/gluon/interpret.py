@@ -2,9 +2,11 @@
 
 Gluon kernels do not run in Triton's interpreter (``TRITON_INTERPRET=1`` leaves ``gluon.jit``
 alone). But apart from their layouts, the kernels here use only operations Triton has under the
-same names (load, store, arange, expand_dims, where, rsqrt, a sum reduction, ...). So each kernel's
-Python function is re-bound to globals in which ``gl`` is ``_ErasedGluon`` below (layouts become
-``None``, every operation the ``triton.language`` one) and run as an interpreted Triton function.
+same names (load, store, arange, expand_dims, where, rsqrt, a sum reduction, ...), and
+``convert_layout``, which only moves elements between threads (without layouts: nothing). So each
+kernel's Python function is re-bound to globals in which ``gl`` is ``_ErasedGluon`` below (layouts
+become ``None``, every operation the ``triton.language`` one) and run as an interpreted Triton
+function.
 This checks, against fp64 on the CPU, the kernels' arithmetic, masks, indexing, compile-time
 flags and host code, everything but the layouts; the layouts are what the sm_90a compile in the
 tests checks (a layout that does not fit its tensor fails to compile). It is not Gluon running:
@@ -35,6 +37,9 @@ class _ErasedGluon:
         tl = self._tl
         if name in ("SliceLayout", "BlockedLayout"):
             return lambda *args, **kwargs: None
+        if name == "convert_layout":
+            # moves elements between threads, never changes them: with the layouts gone, nothing
+            return lambda x, layout, **kwargs: x
         if name in ("arange", "zeros", "full"):
             return lambda *args, layout=None, **kwargs: getattr(tl, name)(*args, **kwargs)
         if name == "reduce":

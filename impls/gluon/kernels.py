@@ -18,9 +18,9 @@ residual and stores the sum, and whose backward adds dresidual_out before dx's o
 Design decisions:
 
 * Layouts are chosen by hand (``plan.py``): a ``BlockedLayout`` of 128-bit vectors per thread
-  along N (narrower where N is not a multiple of 16 bytes), threads then warps along N for wide
-  rows, spare warps along M for narrow ones, and for small rows (QK-norm's head_dim) a tile of
-  tens of rows, several vectors per lane. Row reductions are ``gl.reduce`` sums over that layout
+  along N (narrower where N is not a multiple of 16 bytes, unless realigned: below), threads then
+  warps along N for wide rows, spare warps along M for narrow ones, and for small rows (QK-norm's
+  head_dim) a tile of tens of rows, several vectors per lane. Row reductions are ``gl.reduce`` sums over that layout
   (within a warp by shuffles, across warps once through shared memory); per-row values live in
   ``SliceLayout(1, layout)`` and per-column ones (weight) in ``SliceLayout(0, layout)``, so no
   layout conversion is needed anywhere.
@@ -59,6 +59,23 @@ Design decisions:
   to global memory and waits for the others' (``Plan.exchange``; one program per SM, so all are
   resident), so x and dy are read once; elsewhere they come from ``_bwd_row_sums_kernel``'s
   per-(row, slice) sums, x and dy read twice.
+* Rows whose length is no multiple of a 16-byte vector (16-bit x, N = 4001) start anywhere within
+  a vector, so the row kernels above move them element-wise: a 2-byte access per element keeps the
+  load/store units, not DRAM, busy. Where the plan says so (``plan.REALIGNED``: whole rows, (M, N)
+  rows of one stride and 16-byte aligned starts: ``realigned``), the realigned kernels
+  (``_fwd_odd_kernel``, ``_bwd_odd_kernel``) read and write each row's body in whole vectors from
+  its first aligned element, and its head and tail (under a vector each) as one short edge vector,
+  element-wise. The body then sits in shifted columns, so the weight (and bias) and the dw / db
+  accumulators must be shifted alike. A row r starts (r * stride) mod 8 elements into a vector, so
+  a persistent program whose rows are p, p + G, ... with G a multiple of 8 keeps one shift: one
+  shifted weight, loaded once, and one shifted dw / db, written to its partial row in column order
+  at the end (``_sum_partials_kernel`` adds them as ever). The edge vector lies on the body tile's
+  threads and warps, one element a lane, so that the per-row values of the two share one layout
+  (``_row_sum``, ``_per_edge``: conversions that move nothing).
+  The price is batch invariance at those widths: which columns are body and which edge depends on
+  where the row starts, so its sums round differently at another place in the batch. Sums exact in
+  any order were measured in Triton's realigned kernels (same design) and cost more than the
+  realigned body gains (reports/experiments/triton-odd-rows/), so the sums are plain fp32.
 
 Without a GPU: Gluon kernels do not run in Triton's interpreter. The tests compile them for sm_90a
 (``compile_only``: every op, direction, row regime and dtype, through the host code below), and
@@ -78,7 +95,7 @@ from triton.experimental.gluon import language as gl
 from harness.spec.contract import contract_functions
 from harness.spec.jit_launch import launch_named
 
-from .plan import Plan, Tile, next_pow2, plan, programs_per_sm, resident_programs, tile
+from .plan import Plan, Realigned, Tile, next_pow2, plan, programs_per_sm, realigned_plan, resident_programs, tile
 
 
 # ========================================================================== device functions
@@ -225,6 +242,138 @@ def _fwd_kernel(
                 x = x - gl.expand_dims(mean, 1)
             y = _affine(x * gl.expand_dims(rstd, 1), W, B, cols, col_mask, HAS_WEIGHT, HAS_BIAS)
             gl.store(Y + _at(y_rows, cols), y.to(Y.dtype.element_ty), mask=mask)
+
+
+# ================================================================ realigned rows (forward)
+@gluon.jit
+def _odd_split(first_row, stride, N, VEC: gl.constexpr):
+    """(head, body) of a realigned program's rows: a row at element offset e starts ``head`` =
+    (-e) mod VEC elements before its first whole 16-byte vector, whose ``body`` (a multiple of VEC,
+    computed as such: the body's mask then holds whole vectors) follows; the rest, under VEC, is the
+    tail. All of a program's rows share them (the module docstring), so its first row gives them."""
+    e = first_row.to(gl.int64) * stride
+    head = ((VEC - e % VEC) % VEC).to(gl.int32)
+    return head, gl.maximum(N - head, 0) // VEC * VEC
+
+
+@gluon.jit
+def _odd_edges(head, body, N, VEC: gl.constexpr, edge_layout: gl.constexpr):
+    """The columns of a row's head and tail as one short vector, and its lanes that hold one."""
+    k = gl.arange(0, 2 * VEC, layout=gl.SliceLayout(0, edge_layout))
+    return k + gl.where(k >= head, body, 0), k < N - body
+
+
+@gluon.jit
+def _odd_rows(me, programs, ROWS: gl.constexpr, layout: gl.constexpr):
+    """The first tile's rows of program ``me``: me, me + programs, ... (one offset within a vector)."""
+    return me + gl.arange(0, ROWS, layout=gl.SliceLayout(1, layout)) * programs
+
+
+@gluon.jit
+def _odd_body(rows, M, stride, j, in_body, VEC: gl.constexpr):
+    """[rows, body] offsets and mask: from each row's offset rounded up to a multiple of VEC,
+    computed as such, so that the compiler sees 16-byte aligned runs and moves whole vectors."""
+    at = rows.to(gl.int64) * stride
+    mask = gl.expand_dims(rows < M, 1) & gl.expand_dims(in_body, 0)
+    return gl.expand_dims((at + VEC - 1) // VEC * VEC, 1) + gl.expand_dims(j, 0), mask
+
+
+@gluon.jit
+def _odd_edge(rows, M, stride, edge_cols, in_edge):
+    """[rows, head and tail] offsets and mask (element-wise accesses)."""
+    return _offsets(rows, edge_cols, stride), gl.expand_dims(rows < M, 1) & gl.expand_dims(in_edge, 0)
+
+
+@gluon.jit
+def _row_sum(body, edge, layout: gl.constexpr):
+    """Per row, the sum of a realigned row's body and edge terms, in the body's row layout (the
+    edge's row layout holds the same elements in the same places: the conversion moves nothing).
+    Its rounding depends on which columns are body and which edge, so on where the row starts
+    within a vector: not batch invariant (see the module docstring)."""
+    return _sum(body, axis=1) + gl.convert_layout(_sum(edge, axis=1), gl.SliceLayout(1, layout))
+
+
+@gluon.jit
+def _per_edge(v, edge_layout: gl.constexpr):
+    """A per-row value as a column to broadcast over the edge tile."""
+    return gl.expand_dims(gl.convert_layout(v, gl.SliceLayout(1, edge_layout)), 1)
+
+
+@gluon.jit(do_not_specialize=["M", "eps"])
+def _fwd_odd_kernel(
+    X, R, W, B, Y, H, MEAN, RSTD, M, N, stride, eps,
+    LAYERNORM: gl.constexpr, HAS_WEIGHT: gl.constexpr, HAS_BIAS: gl.constexpr, HAS_RESIDUAL: gl.constexpr,
+    ROWS: gl.constexpr, BLOCK_N: gl.constexpr, VEC: gl.constexpr, layout: gl.constexpr, edge_layout: gl.constexpr,
+):  # fmt: skip
+    """The forward of (M, N) rows whose length is no multiple of a 16-byte vector, all row tensors
+    of one ``stride`` with 16-byte aligned starts. Program p of G (a multiple of VEC) walks rows
+    p, p + G, ..., which all start at the same offset within a vector: their bodies move in whole
+    vectors, their heads and tails element-wise, and the weight (and bias) is loaded once, shifted
+    to match. The next tile's loads go out before this tile's math (few programs per SM: their
+    loads must keep enough bytes in flight)."""
+    me = gl.program_id(0)
+    programs = gl.num_programs(0)
+    head, body = _odd_split(me, stride, N, VEC)
+    j = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, layout))
+    in_body = j < body
+    edge_cols, in_edge = _odd_edges(head, body, N, VEC, edge_layout)
+    if HAS_WEIGHT:
+        w_body = gl.expand_dims(gl.load(W + head + j, mask=in_body, other=0.0).to(gl.float32), 0)
+        w_edge = gl.expand_dims(gl.load(W + edge_cols, mask=in_edge, other=0.0).to(gl.float32), 0)
+    if HAS_BIAS:
+        b_body = gl.expand_dims(gl.load(B + head + j, mask=in_body, other=0.0).to(gl.float32), 0)
+        b_edge = gl.expand_dims(gl.load(B + edge_cols, mask=in_edge, other=0.0).to(gl.float32), 0)
+
+    rows = _odd_rows(me, programs, ROWS, layout)
+    rows_e = _odd_rows(me, programs, ROWS, edge_layout)
+    body_at, mask_b = _odd_body(rows, M, stride, j, in_body, VEC)
+    edge_at, mask_e = _odd_edge(rows_e, M, stride, edge_cols, in_edge)
+    xb_next = gl.load(X + body_at, mask=mask_b, other=0.0)
+    xe_next = gl.load(X + edge_at, mask=mask_e, other=0.0)
+    if HAS_RESIDUAL:
+        rb_next = gl.load(R + body_at, mask=mask_b, other=0.0)
+        re_next = gl.load(R + edge_at, mask=mask_e, other=0.0)
+    for t in range(gl.cdiv(gl.cdiv(M - me, programs), ROWS)):
+        here, here_b, here_e, here_mb, here_me = rows, body_at, edge_at, mask_b, mask_e
+        xb, xe = xb_next, xe_next
+        if HAS_RESIDUAL:
+            rb, r_e = rb_next, re_next
+
+        rows += ROWS * programs
+        rows_e += ROWS * programs
+        body_at, mask_b = _odd_body(rows, M, stride, j, in_body, VEC)
+        edge_at, mask_e = _odd_edge(rows_e, M, stride, edge_cols, in_edge)
+        xb_next = gl.load(X + body_at, mask=mask_b, other=0.0)
+        xe_next = gl.load(X + edge_at, mask=mask_e, other=0.0)
+        if HAS_RESIDUAL:
+            rb_next = gl.load(R + body_at, mask=mask_b, other=0.0)
+            re_next = gl.load(R + edge_at, mask=mask_e, other=0.0)
+
+        if HAS_RESIDUAL:  # h rounded once to x's dtype and stored, as ``_load_row`` does
+            xb = (xb.to(gl.float32) + rb.to(gl.float32)).to(X.dtype.element_ty)
+            xe = (xe.to(gl.float32) + r_e.to(gl.float32)).to(X.dtype.element_ty)
+            gl.store(H + here_b, xb, mask=here_mb)
+            gl.store(H + here_e, xe, mask=here_me)
+        xb = xb.to(gl.float32)
+        xe = xe.to(gl.float32)
+        row_mask = here < M
+        if LAYERNORM:
+            mean = _row_sum(xb, xe, layout) / N
+            xb = gl.where(here_mb, xb - gl.expand_dims(mean, 1), 0.0)
+            xe = gl.where(here_me, xe - _per_edge(mean, edge_layout), 0.0)
+            gl.store(MEAN + here, mean, mask=row_mask)
+        rstd = _rstd(_row_sum(xb * xb, xe * xe, layout), N, eps)
+        gl.store(RSTD + here, rstd, mask=row_mask)
+        yb = xb * gl.expand_dims(rstd, 1)
+        ye = xe * _per_edge(rstd, edge_layout)
+        if HAS_WEIGHT:
+            yb = yb * w_body
+            ye = ye * w_edge
+        if HAS_BIAS:
+            yb = yb + b_body
+            ye = ye + b_edge
+        gl.store(Y + here_b, yb.to(Y.dtype.element_ty), mask=here_mb)
+        gl.store(Y + here_e, ye.to(Y.dtype.element_ty), mask=here_me)
 
 
 # =================================================================================== backward
@@ -418,6 +567,98 @@ def _bwd_kernel(
         gl.store(DB_PARTIAL + partial, _sum(db, axis=0), mask=col_mask)
 
 
+@gluon.jit(do_not_specialize=["M"])
+def _bwd_odd_kernel(
+    DY, X, W, MEAN, RSTD, DRES, DX, DW_PARTIAL, DB_PARTIAL, M, N, stride,
+    LAYERNORM: gl.constexpr, HAS_WEIGHT: gl.constexpr, HAS_DRESIDUAL: gl.constexpr,
+    ROWS: gl.constexpr, BLOCK_N: gl.constexpr, VEC: gl.constexpr, layout: gl.constexpr, edge_layout: gl.constexpr,
+):  # fmt: skip
+    """The backward of the rows ``_fwd_odd_kernel`` takes, over the same rows p, p + G, ... per
+    program, so that the weight and the dw / db accumulators hold one shift for all of a program's
+    rows: the body's columns start at ``head``, the head's and tail's are ``edge_cols``. The next
+    tile's x, dy and statistics load before this tile's math (as ``_bwd_kernel``'s); the partial
+    rows are written once, at the end, in natural column order."""
+    me = gl.program_id(0)
+    programs = gl.num_programs(0)
+    head, body = _odd_split(me, stride, N, VEC)
+    j = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, layout))
+    in_body = j < body
+    edge_cols, in_edge = _odd_edges(head, body, N, VEC, edge_layout)
+    if HAS_WEIGHT:
+        w_body = gl.expand_dims(gl.load(W + head + j, mask=in_body, other=0.0).to(gl.float32), 0)
+        w_edge = gl.expand_dims(gl.load(W + edge_cols, mask=in_edge, other=0.0).to(gl.float32), 0)
+    # summed over the tile's rows per tile: the rows repeat within each thread (``plan``), no warp
+    # crossed
+    dw_body = gl.zeros([BLOCK_N], gl.float32, layout=gl.SliceLayout(0, layout))
+    db_body = gl.zeros([BLOCK_N], gl.float32, layout=gl.SliceLayout(0, layout))
+    dw_edge = gl.zeros([2 * VEC], gl.float32, layout=gl.SliceLayout(0, edge_layout))
+    db_edge = gl.zeros([2 * VEC], gl.float32, layout=gl.SliceLayout(0, edge_layout))
+
+    rows = _odd_rows(me, programs, ROWS, layout)
+    rows_e = _odd_rows(me, programs, ROWS, edge_layout)
+    body_at, mask_b = _odd_body(rows, M, stride, j, in_body, VEC)
+    edge_at, mask_e = _odd_edge(rows_e, M, stride, edge_cols, in_edge)
+    xb_next = gl.load(X + body_at, mask=mask_b, other=0.0)
+    dyb_next = gl.load(DY + body_at, mask=mask_b, other=0.0)
+    xe_next = gl.load(X + edge_at, mask=mask_e, other=0.0)
+    dye_next = gl.load(DY + edge_at, mask=mask_e, other=0.0)
+    mean_next, rstd_next = _row_stats(MEAN, RSTD, rows, rows < M, LAYERNORM)
+    for t in range(gl.cdiv(gl.cdiv(M - me, programs), ROWS)):
+        here_b, here_e, here_mb, here_me = body_at, edge_at, mask_b, mask_e
+        xb, dyb = xb_next.to(gl.float32), dyb_next.to(gl.float32)
+        xe, dye = xe_next.to(gl.float32), dye_next.to(gl.float32)
+        mean, rstd = mean_next, rstd_next
+
+        rows += ROWS * programs
+        rows_e += ROWS * programs
+        body_at, mask_b = _odd_body(rows, M, stride, j, in_body, VEC)
+        edge_at, mask_e = _odd_edge(rows_e, M, stride, edge_cols, in_edge)
+        xb_next = gl.load(X + body_at, mask=mask_b, other=0.0)
+        dyb_next = gl.load(DY + body_at, mask=mask_b, other=0.0)
+        xe_next = gl.load(X + edge_at, mask=mask_e, other=0.0)
+        dye_next = gl.load(DY + edge_at, mask=mask_e, other=0.0)
+        mean_next, rstd_next = _row_stats(MEAN, RSTD, rows, rows < M, LAYERNORM)
+
+        if LAYERNORM:
+            xb = gl.where(here_mb, xb - gl.expand_dims(mean, 1), 0.0)
+            xe = gl.where(here_me, xe - _per_edge(mean, edge_layout), 0.0)
+        rstd_e = _per_edge(rstd, edge_layout)
+        xhat_b = xb * gl.expand_dims(rstd, 1)
+        xhat_e = xe * rstd_e
+        gb = dyb
+        ge = dye
+        if HAS_WEIGHT:
+            gb = dyb * w_body
+            ge = dye * w_edge
+        c1 = _row_sum(gb * xhat_b, ge * xhat_e, layout) / N
+        dxb = gb - xhat_b * gl.expand_dims(c1, 1)
+        dxe = ge - xhat_e * _per_edge(c1, edge_layout)
+        if LAYERNORM:
+            c2 = _row_sum(gb, ge, layout) / N
+            dxb = dxb - gl.expand_dims(c2, 1)
+            dxe = dxe - _per_edge(c2, edge_layout)
+            db_body += _sum(dyb, axis=0)
+            db_edge += _sum(dye, axis=0)
+        dxb = dxb * gl.expand_dims(rstd, 1)
+        dxe = dxe * rstd_e
+        if HAS_DRESIDUAL:  # (not prefetched, as in ``_bwd_kernel``)
+            dxb += gl.load(DRES + here_b, mask=here_mb, other=0.0).to(gl.float32)
+            dxe += gl.load(DRES + here_e, mask=here_me, other=0.0).to(gl.float32)
+        if HAS_WEIGHT:
+            dw_body += _sum(dyb * xhat_b, axis=0)
+            dw_edge += _sum(dye * xhat_e, axis=0)
+        gl.store(DX + here_b, dxb.to(DX.dtype.element_ty), mask=here_mb)
+        gl.store(DX + here_e, dxe.to(DX.dtype.element_ty), mask=here_me)
+
+    partial = me.to(gl.int64) * N
+    if HAS_WEIGHT:
+        gl.store(DW_PARTIAL + partial + head + j, dw_body, mask=in_body)
+        gl.store(DW_PARTIAL + partial + edge_cols, dw_edge, mask=in_edge)
+    if LAYERNORM:
+        gl.store(DB_PARTIAL + partial + head + j, db_body, mask=in_body)
+        gl.store(DB_PARTIAL + partial + edge_cols, db_edge, mask=in_edge)
+
+
 @gluon.jit
 def _sum_partials_kernel(PARTIALS, OUT, P, P_STRIDE, N, BLOCK_P: gl.constexpr, BLOCK_N: gl.constexpr, layout: gl.constexpr):
     """OUT[k, :] = sum over p < P of PARTIALS[k, p, :] (PARTIALS: [K, P_STRIDE, N]) in fp32, always
@@ -562,6 +803,41 @@ def _resident(kernel, args: dict, constexprs: dict, t: Tile, key: tuple, on_gpu:
     return got
 
 
+def _op(layernorm: bool, fused_add: bool) -> str:
+    return "layernorm" if layernorm else "add_rmsnorm" if fused_add else "rmsnorm"
+
+
+def realigned(direction: str, op: str, n: int, heads: int, tensors) -> tuple[Realigned | None, int]:
+    """(the realigned kernels' launch, the row stride) where they take these row tensors, else
+    (None, 0): 16-bit rows whose length is no multiple of a 16-byte vector that the plan realigns
+    (``plan.realigned_plan``: whole rows, a ``REALIGNED`` entry), (M, N) rows (not per-head views),
+    and one row stride and a 16-byte aligned start for every tensor, so that a row starts at the same
+    offset within a vector in each of them."""
+    if heads or n % 8 == 0:  # (the common case first: host time)
+        return None, 0
+    r = realigned_plan(direction, op, n, tensors[0].element_size())
+    if r is None:
+        return None, 0
+    stride = tensors[0].stride(0)
+    if any(t.dim() != 2 or t.stride(0) != stride or t.data_ptr() % 16 for t in tensors):
+        return None, 0
+    return r, stride
+
+
+def _realigned_grid(kernel, args: dict, constexprs: dict, r: Realigned, m: int, x, flags: tuple) -> int:
+    """The realigned kernels' persistent grid: a multiple of the vector, so that a program's rows
+    share their offset within it; the plan's programs per SM (no more than the binary lets an SM
+    hold: ``_resident``) rounded down, as programs past what the SMs hold would run as a second
+    wave; no more than the row tiles need; at least one vector's worth. ``flags``: the compile-time
+    flags, which with the tile and the dtypes select the binary."""
+    t, vec = r.tile, r.tile.vec
+    key = (kernel.fn.__name__, t, flags, x.dtype, args["W"].dtype, args["B"].dtype if "B" in args else None,
+           x.get_device())  # fmt: skip
+    per_sm = min(r.programs_per_sm, _resident(kernel, args, constexprs, t, key, x.is_cuda))
+    programs = min(per_sm * sm_count(x.device) // vec, triton.cdiv(triton.cdiv(m, t.rows), vec))
+    return max(programs, 1) * vec
+
+
 # ============================================================================ forward (host)
 def norm_fwd(x, residual, weight, bias, eps, layernorm: bool):
     """(y, h or None, mean or None, rstd); x and the residual (M, N) or (T, NH, N) views, y and h
@@ -573,6 +849,23 @@ def norm_fwd(x, residual, weight, bias, eps, layernorm: bool):
     h = x.new_empty((M, N)) if residual is not None else None
     rstd = x.new_empty(M, dtype=torch.float32)
     mean = x.new_empty(M, dtype=torch.float32) if layernorm else None
+    rows = (x, y) if residual is None else (x, residual, y, h)
+    r, stride = realigned("fwd", _op(layernorm, residual is not None), N, heads, rows)
+    if r is not None:
+        args = dict(
+            X=x, R=x if residual is None else residual, W=x if weight is None else weight,
+            B=x if bias is None else bias, Y=y, H=y if h is None else h, MEAN=rstd if mean is None else mean,
+            RSTD=rstd, M=M, N=N, stride=stride, eps=eps,
+        )  # fmt: skip
+        constexprs = dict(
+            LAYERNORM=layernorm, HAS_WEIGHT=weight is not None, HAS_BIAS=bias is not None,
+            HAS_RESIDUAL=residual is not None, ROWS=r.tile.rows, BLOCK_N=r.tile.width, VEC=r.tile.vec,
+            layout=r.tile.layout(), edge_layout=r.edge_layout(),
+        )  # fmt: skip
+        flags = (layernorm, weight is not None, bias is not None, residual is not None)
+        grid = _realigned_grid(_fwd_odd_kernel, args, constexprs, r, M, x, flags)
+        _launch(_fwd_odd_kernel, (grid,), args, constexprs, r.tile.num_warps)
+        return y, h, mean, rstd
     args = dict(
         X=x, R=x if residual is None else residual,  # x, rstd: placeholders, never read
         W=x if weight is None else weight, B=x if bias is None else bias,
@@ -601,6 +894,26 @@ def norm_bwd(dy, dres, x, weight, mean, rstd, layernorm: bool):
     dx = x.new_empty((M, N))
     n_sums = int(has_weight) + int(layernorm)
     sums = x.new_empty((n_sums, N), dtype=weight.dtype if has_weight else x.dtype)
+    rows = (dy, x, dx) if dres is None else (dy, x, dres, dx)
+    r, stride = realigned("bwd", _op(layernorm, dres is not None), N, heads, rows)
+    if r is not None:
+        # one partial row per program, allocated once its grid is known: the grid is read off the
+        # binary, which the partials' pointer (16-byte aligned either way) does not change
+        args = dict(
+            DY=dy, X=x, W=x if weight is None else weight, MEAN=rstd if mean is None else mean, RSTD=rstd,
+            DRES=dy if dres is None else dres, DX=dx, DW_PARTIAL=rstd, DB_PARTIAL=rstd, M=M, N=N, stride=stride,
+        )  # fmt: skip
+        constexprs = dict(
+            LAYERNORM=layernorm, HAS_WEIGHT=has_weight, HAS_DRESIDUAL=dres is not None, ROWS=r.tile.rows,
+            BLOCK_N=r.tile.width, VEC=r.tile.vec, layout=r.tile.layout(), edge_layout=r.edge_layout(),
+        )  # fmt: skip
+        flags = (layernorm, has_weight, dres is not None)
+        programs = _realigned_grid(_bwd_odd_kernel, args, constexprs, r, M, x, flags)
+        partials = torch.empty((max(n_sums, 1), programs, N), dtype=torch.float32, device=x.device)
+        args.update(DW_PARTIAL=partials[0], DB_PARTIAL=partials[n_sums - 1])
+        _launch(_bwd_odd_kernel, (programs,), args, constexprs, r.tile.num_warps)
+        _sum_partials(partials, sums, programs, n_sums, x)
+        return dx, (sums[0] if has_weight else None), (sums[n_sums - 1] if layernorm else None)
     # one partial row of dw / db per row group, for at most as many groups as fill the SMs' threads
     # (the binary's registers may allow fewer: ``_resident``)
     most = min(_grid_rows(M, t), max(1, programs_per_sm(t) * sm_count(x.device) // slices))
@@ -645,22 +958,29 @@ def norm_bwd(dy, dres, x, weight, mean, rstd, layernorm: bool):
            args["stride_dy"], args["hstride_dy"], args["stride_x"], args["hstride_x"], args["stride_dres"], sync)  # fmt: skip
     groups = min(most, _resident(_bwd_kernel, args, constexprs, t, key, x.is_cuda) * sm_count(x.device) // slices) or 1
     _launch(_bwd_kernel, (groups * slices,), args, constexprs, t.num_warps)
-    if n_sums:
-        if x.is_cuda or _COMPILE_ONLY:
-            # narrow column strips, so that even N = 1024 spreads over dozens of SMs
-            block_n = min(max(next_pow2(N) // 256, 16), 256)
-            block_p = 4096 // block_n
-        else:  # the interpreter (interpret.py) pays per program and per operation, not per element
-            block_n, block_p = min(next_pow2(N), 16384), 16
-        strip = tile(block_n, 4)  # fp32 partials
-        _launch(
-            _sum_partials_kernel, (triton.cdiv(N, block_n), n_sums),
-            dict(PARTIALS=partials, OUT=sums, P=groups, P_STRIDE=most, N=N),
-            dict(BLOCK_P=block_p, BLOCK_N=block_n, layout=strip.layout()), strip.num_warps,
-        )  # fmt: skip
+    _sum_partials(partials, sums, groups, n_sums, x)
     dw = sums[0] if has_weight else None
     db = sums[n_sums - 1] if layernorm else None
     return dx, dw, db
+
+
+def _sum_partials(partials, sums, groups: int, n_sums: int, x) -> None:
+    """sums[k] = the sum of the first ``groups`` rows of partials[k] (``_sum_partials_kernel``)."""
+    if not n_sums:
+        return
+    N = partials.shape[2]
+    if x.is_cuda or _COMPILE_ONLY:
+        # narrow column strips, so that even N = 1024 spreads over dozens of SMs
+        block_n = min(max(next_pow2(N) // 256, 16), 256)
+        block_p = 4096 // block_n
+    else:  # the interpreter (interpret.py) pays per program and per operation, not per element
+        block_n, block_p = min(next_pow2(N), 16384), 16
+    strip = tile(block_n, 4)  # fp32 partials
+    _launch(
+        _sum_partials_kernel, (triton.cdiv(N, block_n), n_sums),
+        dict(PARTIALS=partials, OUT=sums, P=groups, P_STRIDE=partials.shape[1], N=N),
+        dict(BLOCK_P=block_p, BLOCK_N=block_n, layout=strip.layout()), strip.num_warps,
+    )  # fmt: skip
 
 
 # ============================================================================ the contract

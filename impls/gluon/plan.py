@@ -43,6 +43,22 @@ since Volta, not on SM counts or clocks):
   up to ``EXCHANGE_SLICES`` slices (at 32 it lost whatever the warps: 28-41% against 54-61%), on
   8 warps from 7 slices (16 warps lost from 8: 53% at 131072 against 67% on 8), LayerNorm only from
   two whole slices and up to four slices of fp32 rows (fp32 at 8 warps not measured).
+* rows of 16-bit x whose length is no multiple of a 16-byte vector (N = 4001), whole rows: the
+  realigned kernels (``kernels``: each row's body in 16-byte vectors from its first aligned
+  element, its head and tail element-wise) where ``REALIGNED`` has an entry for the direction, op
+  and row bucket: rows a program, warps and programs per SM. A program keeps its shifted weight (and
+  bias, or dw and db) in registers for its whole life and loads its next tile ahead, so few programs
+  per SM of one or two rows each, and the grid a fixed count (a multiple of 8, rounded down so that
+  no program waits for a second wave). The tile's warps go along N first and its rows repeat within
+  each thread, so that the backward's per-block sums of dw and db over the rows never cross warps;
+  the head-and-tail vector lies on the same threads and warps at one element a lane, so that the
+  per-row values of the two tiles share one layout and the conversion between them moves nothing.
+  The entries are Triton's realigned kernels' winners on an H100 (the same design and vectors:
+  reports/experiments/triton-odd-rows/), the forward's RMSNorm and fused add at 2048 taking
+  LayerNorm's (Triton keeps its element-wise kernels there, 85-93% of copy bandwidth either way).
+  Without an entry the element-wise kernels run: the 1024 bucket (Triton's realigned kernels lost
+  at N = 1001), the forward's wider buckets (not measured), fp32 rows (element-wise accesses move 4
+  bytes each; realigned, Triton's lost as often as they won).
 * the persistent backward grid is as many programs as the SMs hold at once: kernels.py reads the
   compiled binary's registers and shared memory and counts the programs an SM keeps resident
   (``resident_programs``), so that no program waits for a second wave; without a binary to read
@@ -83,6 +99,16 @@ LAYERNORM_BWD_ROWS = {8: 2}
 # row (more elements per lane) were faster at N = 4001 on an H100 but are not checked on a GPU
 # yet: docs/kernels/gluon.md.
 NARROW_ELEMENTS = None
+# The realigned kernels (see above): (direction, op, row bucket) -> (rows a program, warps,
+# programs per SM). Experiments change the entries; a missing one means the element-wise kernels.
+REALIGNED = {
+    ("fwd", "rmsnorm", 2048): (2, 4, 2), ("fwd", "layernorm", 2048): (2, 4, 2), ("fwd", "add_rmsnorm", 2048): (2, 4, 2),
+    ("fwd", "rmsnorm", 4096): (2, 4, 2), ("fwd", "layernorm", 4096): (2, 8, 1), ("fwd", "add_rmsnorm", 4096): (1, 4, 2),
+    ("fwd", "rmsnorm", 8192): (1, 4, 2), ("fwd", "layernorm", 8192): (1, 8, 1), ("fwd", "add_rmsnorm", 8192): (1, 8, 1),
+    ("bwd", "rmsnorm", 2048): (1, 4, 2), ("bwd", "layernorm", 2048): (1, 4, 2), ("bwd", "add_rmsnorm", 2048): (1, 4, 2),
+    ("bwd", "rmsnorm", 4096): (1, 4, 2), ("bwd", "layernorm", 4096): (1, 8, 1), ("bwd", "add_rmsnorm", 4096): (1, 8, 2),
+    ("bwd", "rmsnorm", 8192): (1, 8, 1), ("bwd", "layernorm", 8192): (1, 8, 1), ("bwd", "add_rmsnorm", 8192): (1, 8, 1),
+}  # fmt: skip
 
 
 def next_pow2(n: int) -> int:
@@ -198,6 +224,47 @@ def _plan(direction: str, n: int, elem_size: int, layernorm: bool = False) -> Pl
     if rows > 1 and t.rows == 1:
         t = Tile(t.width, t.vec, t.threads, (t.warps[0] * rows, t.warps[1]), t.reps)
     return Plan(t, 1)
+
+
+@dataclass(frozen=True)
+class Realigned:
+    """The realigned kernels' launch: the body's tile (16-byte vectors) and programs per SM."""
+
+    tile: Tile
+    programs_per_sm: int
+
+    def edge_layout(self):
+        """The head-and-tail vector's layout: one element a lane, on the body tile's threads and
+        warps (its per-row values then lie as the body's do)."""
+        return _layout(1, self.tile.threads, self.tile.warps)
+
+
+_REALIGNED_PLANS: dict = {}
+
+
+def realigned_plan(direction: str, op: str, n: int, elem_size: int) -> Realigned | None:
+    """The realigned kernels' launch for rows of ``n`` elements of ``elem_size`` bytes, or None
+    where the element-wise kernels run: rows that fill whole vectors, other than 16-bit, too wide
+    for one program (chunks, slices), or whose (direction, op, bucket) has no ``REALIGNED`` entry."""
+    vec = VECTOR_BYTES // elem_size
+    if elem_size != 2 or n % vec == 0:
+        return None
+    width = next_pow2(n)
+    entry = REALIGNED.get((direction, op, width))
+    if entry is None or width > (FWD_ROW_BYTES // elem_size if direction == "fwd" else BWD_ROW_MAX):
+        return None
+    key = (width, elem_size, entry, VECTOR_BYTES, WARP)
+    got = _REALIGNED_PLANS.get(key)
+    if got is None:
+        rows, warps, per_sm = entry
+        threads_n = max(width // vec, 1)
+        tpw_n = min(WARP, threads_n)
+        warps_n = min(warps, max(threads_n // tpw_n, 1))
+        warps_m = warps // warps_n
+        along_m = (WARP // tpw_n) * warps_m  # rows the threads and warps span (a floor on the tile's rows)
+        t = Tile(width, vec, (WARP // tpw_n, tpw_n), (warps_m, warps_n), max(1, rows // along_m))
+        got = _REALIGNED_PLANS[key] = Realigned(t, per_sm)
+    return got
 
 
 def programs_per_sm(t: Tile) -> int:

@@ -36,7 +36,9 @@ A ``Config`` says how a kernel walks the (M, N) input:
   element, its head and tail element-wise, on a persistent grid of ``programs_per_sm`` per SM
   (rounded down to a multiple of the vector) whose programs each take rows of one offset within a
   vector. Off, such rows take the row kernels element-wise. Pinned in a table of its own per op
-  and direction (``<op>_<direction>_odd``, by bucket), which such rows read first.
+  and direction (``<op>_<direction>_odd``, by bucket, for 16-bit rows: ``is_odd``), which such rows
+  read first; searched by tools/experiments/triton-odd-rows/explore.py (``normbench tune`` leaves
+  these tables alone).
 * ``exact_n``: whole-row kernels only: compile for the exact row length (one compile per N instead
   of per bucket), so the vector slots of the padded tile that lie wholly past N vanish at compile
   time rather than being masked at run time. It is no general win: it helped the LayerNorm forward
