@@ -53,12 +53,11 @@ since Volta, not on SM counts or clocks):
   each thread, so that the backward's per-block sums of dw and db over the rows never cross warps;
   the head-and-tail vector lies on the same threads and warps at one element a lane, so that the
   per-row values of the two tiles share one layout and the conversion between them moves nothing.
-  The entries are Triton's realigned kernels' winners on an H100 (the same design and vectors:
-  reports/experiments/triton-odd-rows/), the forward's RMSNorm and fused add at 2048 taking
-  LayerNorm's (Triton keeps its element-wise kernels there, 85-93% of copy bandwidth either way).
-  Without an entry the element-wise kernels run: the 1024 bucket (Triton's realigned kernels lost
-  at N = 1001), the forward's wider buckets (not measured), fp32 rows (element-wise accesses move 4
-  bytes each; realigned, Triton's lost as often as they won).
+  The entries are the winners of a search on an H100 at N = 2047, 4001 and 7001, started from
+  Triton's (reports/experiments/gluon-odd-rows/). Without an entry the element-wise kernels run:
+  the 1024 bucket (Triton's realigned kernels lost at N = 1001), the forward's wider buckets (not
+  measured), fp32 rows (element-wise accesses move 4 bytes each; realigned, Triton's lost as often
+  as they won).
 * the persistent backward grid is as many programs as the SMs hold at once: kernels.py reads the
   compiled binary's registers and shared memory and counts the programs an SM keeps resident
   (``resident_programs``), so that no program waits for a second wave; without a binary to read
@@ -102,11 +101,11 @@ NARROW_ELEMENTS = None
 # The realigned kernels (see above): (direction, op, row bucket) -> (rows a program, warps,
 # programs per SM). Experiments change the entries; a missing one means the element-wise kernels.
 REALIGNED = {
-    ("fwd", "rmsnorm", 2048): (2, 4, 2), ("fwd", "layernorm", 2048): (2, 4, 2), ("fwd", "add_rmsnorm", 2048): (2, 4, 2),
-    ("fwd", "rmsnorm", 4096): (2, 4, 2), ("fwd", "layernorm", 4096): (2, 8, 1), ("fwd", "add_rmsnorm", 4096): (1, 4, 2),
-    ("fwd", "rmsnorm", 8192): (1, 4, 2), ("fwd", "layernorm", 8192): (1, 8, 1), ("fwd", "add_rmsnorm", 8192): (1, 8, 1),
-    ("bwd", "rmsnorm", 2048): (1, 4, 2), ("bwd", "layernorm", 2048): (1, 4, 2), ("bwd", "add_rmsnorm", 2048): (1, 4, 2),
-    ("bwd", "rmsnorm", 4096): (1, 4, 2), ("bwd", "layernorm", 4096): (1, 8, 1), ("bwd", "add_rmsnorm", 4096): (1, 8, 2),
+    ("fwd", "rmsnorm", 2048): (2, 8, 4), ("fwd", "layernorm", 2048): (1, 4, 4), ("fwd", "add_rmsnorm", 2048): (1, 4, 4),
+    ("fwd", "rmsnorm", 4096): (2, 4, 2), ("fwd", "layernorm", 4096): (2, 4, 2), ("fwd", "add_rmsnorm", 4096): (1, 4, 2),
+    ("fwd", "rmsnorm", 8192): (1, 8, 2), ("fwd", "layernorm", 8192): (2, 16, 2), ("fwd", "add_rmsnorm", 8192): (1, 4, 2),
+    ("bwd", "rmsnorm", 2048): (2, 4, 2), ("bwd", "layernorm", 2048): (1, 4, 4), ("bwd", "add_rmsnorm", 2048): (2, 4, 2),
+    ("bwd", "rmsnorm", 4096): (1, 4, 2), ("bwd", "layernorm", 4096): (1, 4, 4), ("bwd", "add_rmsnorm", 4096): (2, 8, 1),
     ("bwd", "rmsnorm", 8192): (1, 8, 1), ("bwd", "layernorm", 8192): (1, 8, 1), ("bwd", "add_rmsnorm", 8192): (1, 8, 1),
 }  # fmt: skip
 
