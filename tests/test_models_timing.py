@@ -294,7 +294,7 @@ def test_decode_timing_drops_a_trial_whose_n_tokens_were_not_the_slower():
            "new_tokens": 8, "path": "eager", "device": "cpu", "params": 1e6, "path_detail": "eager", "warmup_generates": 2,
            "trials": 1, "noisy_above": 0.03, "variants": [row]}  # fmt: skip
     md = decode.markdown([rep])
-    assert "| – (noisy, 1 trials dropped) |" in md
+    assert "| – (noisy, 1 trial dropped) |" in md
     clean = decode._timing([(0.002, 0.009), (0.002, 0.009)], batch=1, new_tokens=8)
     assert clean["dropped_trials"] == 0 and clean["noisy"] is False and clean["per_token_ms"] == pytest.approx(1.0)
 

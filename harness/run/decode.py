@@ -431,7 +431,7 @@ def markdown(reps: list[dict]) -> str:
             if row["status"] != "ok":
                 lines.append(f"| {name} | {row['status']}: {row['reason']} | | | | | | | |")
                 continue
-            flags = [f for f, on in (("noisy", row.get("noisy")), (f"{row.get('dropped_trials')} trials dropped", row.get("dropped_trials")),
+            flags = [f for f, on in (("noisy", row.get("noisy")), (f"{row.get('dropped_trials')} trial{'' if row.get('dropped_trials') == 1 else 's'} dropped", row.get("dropped_trials")),
                                      ("recompiled", row.get("graphs_compiled_while_timed")),
                                      ("not repeatable", row.get("repeatable") is False),
                                      (f"{row.get('cudagraph_skips')} cudagraph skips", row.get("cudagraph_skips")),
