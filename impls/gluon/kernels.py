@@ -264,6 +264,38 @@ def _odd_edges(head, body, N, VEC: gl.constexpr, edge_layout: gl.constexpr):
 
 
 @gluon.jit
+def _odd_columns(me, stride, N, VEC: gl.constexpr, BLOCK_N: gl.constexpr, layout: gl.constexpr,
+                 edge_layout: gl.constexpr):  # fmt: skip
+    """Program ``me``'s columns: (head, j, the body's lanes, the edge's columns, its lanes); the
+    body's column j is head + j."""
+    head, body = _odd_split(me, stride, N, VEC)
+    j = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, layout))
+    edge_cols, in_edge = _odd_edges(head, body, N, VEC, edge_layout)
+    return head, j, j < body, edge_cols, in_edge
+
+
+@gluon.jit
+def _load_shifted(P, head, j, in_body, edge_cols, in_edge):
+    """A per-column vector (weight, bias) in a realigned program's columns: (body, edge), fp32."""
+    body = gl.expand_dims(gl.load(P + head + j, mask=in_body, other=0.0).to(gl.float32), 0)
+    edge = gl.expand_dims(gl.load(P + edge_cols, mask=in_edge, other=0.0).to(gl.float32), 0)
+    return body, edge
+
+
+@gluon.jit
+def _store_shifted(P, head, j, in_body, edge_cols, in_edge, body, edge):
+    """A partial row (dw, db) from a realigned program's columns, in natural column order."""
+    gl.store(P + head + j, body, mask=in_body)
+    gl.store(P + edge_cols, edge, mask=in_edge)
+
+
+@gluon.jit
+def _load_split(P, body_at, edge_at, mask_b, mask_e):
+    """A tile of realigned rows in its storage dtype: (body, edge)."""
+    return gl.load(P + body_at, mask=mask_b, other=0.0), gl.load(P + edge_at, mask=mask_e, other=0.0)
+
+
+@gluon.jit
 def _odd_rows(me, programs, ROWS: gl.constexpr, layout: gl.constexpr):
     """The first tile's rows of program ``me``: me, me + programs, ... (one offset within a vector)."""
     return me + gl.arange(0, ROWS, layout=gl.SliceLayout(1, layout)) * programs
@@ -313,26 +345,19 @@ def _fwd_odd_kernel(
     loads must keep enough bytes in flight)."""
     me = gl.program_id(0)
     programs = gl.num_programs(0)
-    head, body = _odd_split(me, stride, N, VEC)
-    j = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, layout))
-    in_body = j < body
-    edge_cols, in_edge = _odd_edges(head, body, N, VEC, edge_layout)
+    head, j, in_body, edge_cols, in_edge = _odd_columns(me, stride, N, VEC, BLOCK_N, layout, edge_layout)
     if HAS_WEIGHT:
-        w_body = gl.expand_dims(gl.load(W + head + j, mask=in_body, other=0.0).to(gl.float32), 0)
-        w_edge = gl.expand_dims(gl.load(W + edge_cols, mask=in_edge, other=0.0).to(gl.float32), 0)
+        w_body, w_edge = _load_shifted(W, head, j, in_body, edge_cols, in_edge)
     if HAS_BIAS:
-        b_body = gl.expand_dims(gl.load(B + head + j, mask=in_body, other=0.0).to(gl.float32), 0)
-        b_edge = gl.expand_dims(gl.load(B + edge_cols, mask=in_edge, other=0.0).to(gl.float32), 0)
+        b_body, b_edge = _load_shifted(B, head, j, in_body, edge_cols, in_edge)
 
     rows = _odd_rows(me, programs, ROWS, layout)
     rows_e = _odd_rows(me, programs, ROWS, edge_layout)
     body_at, mask_b = _odd_body(rows, M, stride, j, in_body, VEC)
     edge_at, mask_e = _odd_edge(rows_e, M, stride, edge_cols, in_edge)
-    xb_next = gl.load(X + body_at, mask=mask_b, other=0.0)
-    xe_next = gl.load(X + edge_at, mask=mask_e, other=0.0)
+    xb_next, xe_next = _load_split(X, body_at, edge_at, mask_b, mask_e)
     if HAS_RESIDUAL:
-        rb_next = gl.load(R + body_at, mask=mask_b, other=0.0)
-        re_next = gl.load(R + edge_at, mask=mask_e, other=0.0)
+        rb_next, re_next = _load_split(R, body_at, edge_at, mask_b, mask_e)
     for t in range(gl.cdiv(gl.cdiv(M - me, programs), ROWS)):
         here, here_b, here_e, here_mb, here_me = rows, body_at, edge_at, mask_b, mask_e
         xb, xe = xb_next, xe_next
@@ -343,11 +368,9 @@ def _fwd_odd_kernel(
         rows_e += ROWS * programs
         body_at, mask_b = _odd_body(rows, M, stride, j, in_body, VEC)
         edge_at, mask_e = _odd_edge(rows_e, M, stride, edge_cols, in_edge)
-        xb_next = gl.load(X + body_at, mask=mask_b, other=0.0)
-        xe_next = gl.load(X + edge_at, mask=mask_e, other=0.0)
+        xb_next, xe_next = _load_split(X, body_at, edge_at, mask_b, mask_e)
         if HAS_RESIDUAL:
-            rb_next = gl.load(R + body_at, mask=mask_b, other=0.0)
-            re_next = gl.load(R + edge_at, mask=mask_e, other=0.0)
+            rb_next, re_next = _load_split(R, body_at, edge_at, mask_b, mask_e)
 
         if HAS_RESIDUAL:  # h rounded once to x's dtype and stored, as ``_load_row`` does
             xb = (xb.to(gl.float32) + rb.to(gl.float32)).to(X.dtype.element_ty)
@@ -580,13 +603,9 @@ def _bwd_odd_kernel(
     rows are written once, at the end, in natural column order."""
     me = gl.program_id(0)
     programs = gl.num_programs(0)
-    head, body = _odd_split(me, stride, N, VEC)
-    j = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, layout))
-    in_body = j < body
-    edge_cols, in_edge = _odd_edges(head, body, N, VEC, edge_layout)
+    head, j, in_body, edge_cols, in_edge = _odd_columns(me, stride, N, VEC, BLOCK_N, layout, edge_layout)
     if HAS_WEIGHT:
-        w_body = gl.expand_dims(gl.load(W + head + j, mask=in_body, other=0.0).to(gl.float32), 0)
-        w_edge = gl.expand_dims(gl.load(W + edge_cols, mask=in_edge, other=0.0).to(gl.float32), 0)
+        w_body, w_edge = _load_shifted(W, head, j, in_body, edge_cols, in_edge)
     # summed over the tile's rows per tile: the rows repeat within each thread (``plan``), no warp
     # crossed
     dw_body = gl.zeros([BLOCK_N], gl.float32, layout=gl.SliceLayout(0, layout))
@@ -598,10 +617,8 @@ def _bwd_odd_kernel(
     rows_e = _odd_rows(me, programs, ROWS, edge_layout)
     body_at, mask_b = _odd_body(rows, M, stride, j, in_body, VEC)
     edge_at, mask_e = _odd_edge(rows_e, M, stride, edge_cols, in_edge)
-    xb_next = gl.load(X + body_at, mask=mask_b, other=0.0)
-    dyb_next = gl.load(DY + body_at, mask=mask_b, other=0.0)
-    xe_next = gl.load(X + edge_at, mask=mask_e, other=0.0)
-    dye_next = gl.load(DY + edge_at, mask=mask_e, other=0.0)
+    xb_next, xe_next = _load_split(X, body_at, edge_at, mask_b, mask_e)
+    dyb_next, dye_next = _load_split(DY, body_at, edge_at, mask_b, mask_e)
     mean_next, rstd_next = _row_stats(MEAN, RSTD, rows, rows < M, LAYERNORM)
     for t in range(gl.cdiv(gl.cdiv(M - me, programs), ROWS)):
         here_b, here_e, here_mb, here_me = body_at, edge_at, mask_b, mask_e
@@ -613,10 +630,8 @@ def _bwd_odd_kernel(
         rows_e += ROWS * programs
         body_at, mask_b = _odd_body(rows, M, stride, j, in_body, VEC)
         edge_at, mask_e = _odd_edge(rows_e, M, stride, edge_cols, in_edge)
-        xb_next = gl.load(X + body_at, mask=mask_b, other=0.0)
-        dyb_next = gl.load(DY + body_at, mask=mask_b, other=0.0)
-        xe_next = gl.load(X + edge_at, mask=mask_e, other=0.0)
-        dye_next = gl.load(DY + edge_at, mask=mask_e, other=0.0)
+        xb_next, xe_next = _load_split(X, body_at, edge_at, mask_b, mask_e)
+        dyb_next, dye_next = _load_split(DY, body_at, edge_at, mask_b, mask_e)
         mean_next, rstd_next = _row_stats(MEAN, RSTD, rows, rows < M, LAYERNORM)
 
         if LAYERNORM:
@@ -652,11 +667,9 @@ def _bwd_odd_kernel(
 
     partial = me.to(gl.int64) * N
     if HAS_WEIGHT:
-        gl.store(DW_PARTIAL + partial + head + j, dw_body, mask=in_body)
-        gl.store(DW_PARTIAL + partial + edge_cols, dw_edge, mask=in_edge)
+        _store_shifted(DW_PARTIAL + partial, head, j, in_body, edge_cols, in_edge, dw_body, dw_edge)
     if LAYERNORM:
-        gl.store(DB_PARTIAL + partial + head + j, db_body, mask=in_body)
-        gl.store(DB_PARTIAL + partial + edge_cols, db_edge, mask=in_edge)
+        _store_shifted(DB_PARTIAL + partial, head, j, in_body, edge_cols, in_edge, db_body, db_edge)
 
 
 @gluon.jit

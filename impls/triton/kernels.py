@@ -311,6 +311,37 @@ def _odd_edges(head, body, N, VEC: tl.constexpr):
 
 
 @triton.jit
+def _odd_columns(me, stride, N, VEC: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Program ``me``'s columns: (head, j, the body's lanes, the edge's columns, its lanes); the
+    body's column j is head + j."""
+    head, body = _odd_split(me, stride, N, VEC)
+    j = tl.arange(0, BLOCK_N)
+    edge_cols, in_edge = _odd_edges(head, body, N, VEC)
+    return head, j, j < body, edge_cols, in_edge
+
+
+@triton.jit
+def _load_shifted(P, head, j, in_body, edge_cols, in_edge):
+    """A per-column vector (weight, bias) in a realigned program's columns: (body, edge), fp32."""
+    body = tl.load(P + head + j, mask=in_body, other=0.0).to(tl.float32)[None, :]
+    edge = tl.load(P + edge_cols, mask=in_edge, other=0.0).to(tl.float32)[None, :]
+    return body, edge
+
+
+@triton.jit
+def _store_shifted(P, head, j, in_body, edge_cols, in_edge, body, edge):
+    """A partial row (dw, db) from a realigned program's columns, in natural column order."""
+    tl.store(P + head + j, body, mask=in_body)
+    tl.store(P + edge_cols, edge, mask=in_edge)
+
+
+@triton.jit
+def _load_split(P, body_at, edge_at, mask_b, mask_e):
+    """A tile of realigned rows in its storage dtype: (body, edge)."""
+    return tl.load(P + body_at, mask=mask_b, other=0.0), tl.load(P + edge_at, mask=mask_e, other=0.0)
+
+
+@triton.jit
 def _odd_tile(rows, M, stride, j, in_body, edge_cols, in_edge, VEC: tl.constexpr):
     """A tile of realigned rows: (row mask, body offsets, edge offsets, body mask, edge mask). The
     body starts at each row's offset rounded up to a multiple of VEC, computed as such so that the
@@ -346,37 +377,28 @@ def _norm_fwd_odd_kernel(
     programs per SM: their loads must keep enough bytes in flight)."""
     me = tl.program_id(0)
     programs = tl.num_programs(0)
-    head, body = _odd_split(me, stride, N, VEC)
-    j = tl.arange(0, BLOCK_N)
-    in_body = j < body
-    edge_cols, in_edge = _odd_edges(head, body, N, VEC)
+    head, j, in_body, edge_cols, in_edge = _odd_columns(me, stride, N, VEC, BLOCK_N)
     if HAS_WEIGHT:
-        w_body = tl.load(W + head + j, mask=in_body, other=0.0).to(tl.float32)[None, :]
-        w_edge = tl.load(W + edge_cols, mask=in_edge, other=0.0).to(tl.float32)[None, :]
+        w_body, w_edge = _load_shifted(W, head, j, in_body, edge_cols, in_edge)
     if HAS_BIAS:
-        b_body = tl.load(B + head + j, mask=in_body, other=0.0).to(tl.float32)[None, :]
-        b_edge = tl.load(B + edge_cols, mask=in_edge, other=0.0).to(tl.float32)[None, :]
+        b_body, b_edge = _load_shifted(B, head, j, in_body, edge_cols, in_edge)
 
     rows = me + tl.arange(0, ROWS) * programs
-    row_mask, body_at, edge_at, mask_b, mask_e = _odd_tile(rows, M, stride, j, in_body, edge_cols, in_edge, VEC)
-    xb_next = tl.load(X + body_at, mask=mask_b, other=0.0)
-    xe_next = tl.load(X + edge_at, mask=mask_e, other=0.0)
+    _, body_at, edge_at, mask_b, mask_e = _odd_tile(rows, M, stride, j, in_body, edge_cols, in_edge, VEC)
+    xb_next, xe_next = _load_split(X, body_at, edge_at, mask_b, mask_e)
     if HAS_RESIDUAL:
-        rb_next = tl.load(R + body_at, mask=mask_b, other=0.0)
-        re_next = tl.load(R + edge_at, mask=mask_e, other=0.0)
-    for t in range(0, tl.cdiv(tl.cdiv(M - me, programs), ROWS)):
-        here, here_b, here_e, mask_b, mask_e = rows, body_at, edge_at, mask_b, mask_e
+        rb_next, re_next = _load_split(R, body_at, edge_at, mask_b, mask_e)
+    for t in range(tl.cdiv(tl.cdiv(M - me, programs), ROWS)):
+        here, here_b, here_e = rows, body_at, edge_at
         xb, xe = xb_next.to(tl.float32), xe_next.to(tl.float32)
         if HAS_RESIDUAL:
             rb, re = rb_next.to(tl.float32), re_next.to(tl.float32)
 
         rows += ROWS * programs
-        row_mask, body_at, edge_at, next_b, next_e = _odd_tile(rows, M, stride, j, in_body, edge_cols, in_edge, VEC)
-        xb_next = tl.load(X + body_at, mask=next_b, other=0.0)
-        xe_next = tl.load(X + edge_at, mask=next_e, other=0.0)
+        _, body_at, edge_at, next_b, next_e = _odd_tile(rows, M, stride, j, in_body, edge_cols, in_edge, VEC)
+        xb_next, xe_next = _load_split(X, body_at, edge_at, next_b, next_e)
         if HAS_RESIDUAL:
-            rb_next = tl.load(R + body_at, mask=next_b, other=0.0)
-            re_next = tl.load(R + edge_at, mask=next_e, other=0.0)
+            rb_next, re_next = _load_split(R, body_at, edge_at, next_b, next_e)
 
         if HAS_RESIDUAL:  # h rounded once and stored (residual_out); the statistics are h's as stored
             hb = _round_to(xb + rb, H.dtype.element_ty)
@@ -649,13 +671,9 @@ def _norm_bwd_odd_kernel(
     and tail's are ``edge_cols``. The partial rows are written back in natural column order."""
     me = tl.program_id(0)
     programs = tl.num_programs(0)
-    head, body = _odd_split(me, stride, N, VEC)
-    j = tl.arange(0, BLOCK_N)
-    in_body = j < body
-    edge_cols, in_edge = _odd_edges(head, body, N, VEC)
+    head, j, in_body, edge_cols, in_edge = _odd_columns(me, stride, N, VEC, BLOCK_N)
     if HAS_WEIGHT:
-        w_body = tl.load(W + head + j, mask=in_body, other=0.0).to(tl.float32)[None, :]
-        w_edge = tl.load(W + edge_cols, mask=in_edge, other=0.0).to(tl.float32)[None, :]
+        w_body, w_edge = _load_shifted(W, head, j, in_body, edge_cols, in_edge)
     dw_body = tl.zeros([BLOCK_N], dtype=tl.float32)
     db_body = tl.zeros([BLOCK_N], dtype=tl.float32)
     dw_edge = tl.zeros([2 * VEC], dtype=tl.float32)
@@ -663,23 +681,19 @@ def _norm_bwd_odd_kernel(
 
     rows = me + tl.arange(0, ROWS) * programs
     row_mask, body_at, edge_at, mask_b, mask_e = _odd_tile(rows, M, stride, j, in_body, edge_cols, in_edge, VEC)
-    xb_next = tl.load(X + body_at, mask=mask_b, other=0.0)
-    dyb_next = tl.load(DY + body_at, mask=mask_b, other=0.0)
-    xe_next = tl.load(X + edge_at, mask=mask_e, other=0.0)
-    dye_next = tl.load(DY + edge_at, mask=mask_e, other=0.0)
+    xb_next, xe_next = _load_split(X, body_at, edge_at, mask_b, mask_e)
+    dyb_next, dye_next = _load_split(DY, body_at, edge_at, mask_b, mask_e)
     rstd_next = tl.load(RSTD + rows, mask=row_mask, other=0.0)
     mean_next = tl.load(MEAN + rows, mask=row_mask, other=0.0) if LAYERNORM else rstd_next
-    for t in range(0, tl.cdiv(tl.cdiv(M - me, programs), ROWS)):
+    for t in range(tl.cdiv(tl.cdiv(M - me, programs), ROWS)):
         xb, dyb, xe, dye = xb_next.to(tl.float32), dyb_next.to(tl.float32), xe_next.to(tl.float32), dye_next.to(tl.float32)
         rstd, mean = rstd_next, mean_next
-        here_b, here_e, mask_b, mask_e = body_at, edge_at, mask_b, mask_e
+        here_b, here_e = body_at, edge_at
 
         rows += ROWS * programs
         row_mask, body_at, edge_at, next_b, next_e = _odd_tile(rows, M, stride, j, in_body, edge_cols, in_edge, VEC)
-        xb_next = tl.load(X + body_at, mask=next_b, other=0.0)
-        dyb_next = tl.load(DY + body_at, mask=next_b, other=0.0)
-        xe_next = tl.load(X + edge_at, mask=next_e, other=0.0)
-        dye_next = tl.load(DY + edge_at, mask=next_e, other=0.0)
+        xb_next, xe_next = _load_split(X, body_at, edge_at, next_b, next_e)
+        dyb_next, dye_next = _load_split(DY, body_at, edge_at, next_b, next_e)
         rstd_next = tl.load(RSTD + rows, mask=row_mask, other=0.0)
         mean_next = tl.load(MEAN + rows, mask=row_mask, other=0.0) if LAYERNORM else rstd_next
 
@@ -709,11 +723,9 @@ def _norm_bwd_odd_kernel(
 
     partial = me.to(tl.int64) * N
     if HAS_WEIGHT:
-        tl.store(DW_PARTIAL + partial + head + j, dw_body, mask=in_body)
-        tl.store(DW_PARTIAL + partial + edge_cols, dw_edge, mask=in_edge)
+        _store_shifted(DW_PARTIAL + partial, head, j, in_body, edge_cols, in_edge, dw_body, dw_edge)
     if LAYERNORM:
-        tl.store(DB_PARTIAL + partial + head + j, db_body, mask=in_body)
-        tl.store(DB_PARTIAL + partial + edge_cols, db_edge, mask=in_edge)
+        _store_shifted(DB_PARTIAL + partial, head, j, in_body, edge_cols, in_edge, db_body, db_edge)
 
 
 @triton.jit

@@ -1,4 +1,4 @@
-"""What the wide-row experiment scripts share: one kernel's time (``triton.testing.do_bench``
+"""What the experiment scripts share: one kernel's time (``triton.testing.do_bench``
 median, L2 flushed, after a first call that compiles), and a run's meta.json (GPU, versions,
 commit, the copy bandwidth before and after)."""
 
@@ -36,3 +36,21 @@ def finish_meta(out_dir: str, meta: dict) -> None:
     meta["time_s"] = round(time.time() - meta.pop("started"), 1)
     with open(os.path.join(out_dir, "meta.json"), "w") as f:
         json.dump(meta, f, indent=1)
+
+
+def fraction(ms: list, nbytes: int, copy_tbps: float) -> float:
+    """The median time's share of the copy bandwidth."""
+    med = sorted(ms)[len(ms) // 2]
+    return round(nbytes / (med * 1e-3) / 1e12 / copy_tbps, 4)
+
+
+def cli(warm, jobs, run) -> None:
+    """``warm I K`` | ``count`` | ``run OUT BUDGET_S [DTYPE]``, as the scripts' docstrings say."""
+    import sys
+
+    if sys.argv[1] == "warm":
+        warm(int(sys.argv[2]), int(sys.argv[3]))
+    elif sys.argv[1] == "count":
+        print(len(jobs()))
+    else:
+        run(sys.argv[2], float(sys.argv[3]), *(sys.argv[4:5] or ["bf16"]))

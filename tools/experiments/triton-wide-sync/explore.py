@@ -17,7 +17,7 @@ import torch
 
 sys.path.insert(0, os.getcwd())
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from gpu_timing import bench, finish_meta, start_meta
+from gpu_timing import bench, cli, finish_meta, fraction, start_meta
 
 from harness.spec.contract import DTYPES
 from harness.spec.inputs import make_case
@@ -139,8 +139,7 @@ def run(out_dir, budget_s, dtype="bf16"):
                         r["ms"].append(round(bench(launch(r["config"])), 5))
             for r in recs:
                 if "ms" in r:
-                    med = sorted(r["ms"])[len(r["ms"]) // 2]
-                    r["frac"] = round(nbytes / (med * 1e-3) / 1e12 / copy_tbps, 4)
+                    r["frac"] = fraction(r["ms"], nbytes, copy_tbps)
                 f.write(json.dumps(r) + "\n")
                 print(op, n, r.get("config"), r["check"], r.get("ms"), r.get("frac"), flush=True)
             f.flush()
@@ -150,9 +149,4 @@ def run(out_dir, budget_s, dtype="bf16"):
 
 
 if __name__ == "__main__":
-    if sys.argv[1] == "warm":
-        warm(int(sys.argv[2]), int(sys.argv[3]))
-    elif sys.argv[1] == "count":
-        print(len(jobs()))
-    else:
-        run(sys.argv[2], float(sys.argv[3]), *(sys.argv[4:5] or ["bf16"]))
+    cli(warm, jobs, run)
