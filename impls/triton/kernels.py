@@ -449,8 +449,10 @@ def realigned(cfg: Config, n: int, heads: int, tensors) -> tuple[int, int]:
     whose length is no multiple of a 16-byte vector, whole rows to a program (no chunks, no
     slices), (M, N) rows (not per-head views), and one row stride and a 16-byte aligned start for
     every tensor, so that a row starts at the same offset within a vector in each of them."""
+    if not cfg.realign or cfg.chunk or cfg.slice or heads:  # (the common case first: host time)
+        return 0, 0
     vec = 16 // tensors[0].element_size()
-    if not cfg.realign or cfg.chunk or cfg.slice or heads or n % vec == 0:
+    if n % vec == 0:
         return 0, 0
     stride = tensors[0].stride(0)
     if any(t.stride(0) != stride or t.data_ptr() % 16 for t in tensors):
@@ -966,10 +968,11 @@ def launch_bwd(cfg: Config, dy, x, weight, mean, rstd, layernorm: bool, dx, sums
             and cfg.rows * triton.next_power_of_2(slices) <= SYNC_SLOTS_MAX)  # fmt: skip
     programs_per_sm = 1 if sync else cfg.programs_per_sm
     # one partial row of dw / db per program, or per row group of the slice kernel
-    partial_rows = min(triton.cdiv(M, cfg.rows), max(1, programs_per_sm * sm_count(x.device) // slices))
     stride, vec = realigned(cfg, N, heads, (dy, x, dres, dx))
     if stride:
         partial_rows = realigned_grid(cfg, M, vec, x.device)
+    else:
+        partial_rows = min(triton.cdiv(M, cfg.rows), max(1, programs_per_sm * sm_count(x.device) // slices))
     partials = torch.empty((max(n_sums, 1), partial_rows, N), dtype=torch.float32, device=x.device)
     if stride:
         compiled = fast(_norm_bwd_odd_kernel)[(partial_rows,)](
