@@ -86,8 +86,21 @@ summed over the slots by one SlotSum launch (dweight and dbias together) and rou
 atomics, bit-identical run to run. torch's ``sum(0)`` and cast there had cost a large
 share of the backward's time.
 
+Rows of an odd width (N no multiple of a 16-byte vector, 16-bit rows, ``realigned_launch``): a row
+of 4001 bf16 elements starts anywhere within a vector, so vector_width gives 2-byte accesses and the
+load/store units, not DRAM, set the pace (the backward at 43-68% of copy bandwidth on the H100).
+The backward reads such rows realigned instead: row r starts s = (r N) mod 8 elements into the
+vector at (r N) - s, and its span of whole vectors from there is copied by cp.async like any row,
+the neighbouring rows' elements in its first and last vector included. Those elements are set to 0
+in registers before any arithmetic (a select, so an inf beside the row cannot reach it), and dx is
+stored in whole vectors except in the first and last vector, element by element. A persistent CTA
+takes rows b, b + G, ... with G a multiple of 8 (``_backward``), so that every row it takes starts
+at the same s: its weight is loaded once, shifted by s, and its dweight / dbias accumulate in the
+span's columns and go to its partial row shifted back. The last row's last vector may run past the
+tensor: that vector alone is read element by element. Forward rows stay element-wise (70-90% there).
+
 Compilation: one kernel per (op, direction, dtype, N, vec, weight / bias dtypes, residual, the
-per-head views' H and which tensors are views, launch) key, compiled on first use with M (the row
+per-head views' H and which tensors are views, realigned rows, launch) key, compiled on first use with M (the row
 count, or T) symbolic, so a new M never recompiles (SlotSum shapes its CTA by the slot count, 8 to
 64 threads per column, so a backward's width may compile it up to four times); ``COMPILE_SECONDS``
 records the compile time per key. Calls go through TVM-FFI (torch tensors passed straight in, the
@@ -124,6 +137,7 @@ from .plan import (
     _reduction_slots,
     backward_ring,
     planned_launch,
+    realigned_launch,
     shared_memory_bytes,
     slot_threads,
     vector_width,
@@ -670,12 +684,51 @@ def max_resident(compiled, kernel, num_sms: int) -> int:
         return fallback
 
 
+def realigned_row(mT: cute.Tensor, row, n: int, chunk: int):
+    """(span, s): the chunk of whole vectors from the aligned element at or before flat row ``row``
+    of n elements in the 1-D tensor mT, and the row's offset s within its first vector. The start
+    is rounded down as ``// 8 * 8`` and asserted a multiple of 8, so that the pointer's alignment
+    (16 bytes) is known to the compiler and cp.async moves whole vectors."""
+    start = Int64(row) * n
+    base = cute.assume(start // 8 * 8, divby=8)
+    span = cute.make_tensor(mT.iterator + base, cute.make_layout((1, chunk), stride=(chunk, 1)))
+    return span, Int32(start - base), base
+
+
+@cute.jit
+def load_realigned(atom, srcs: tuple, flats: tuple, dsts: tuple, zero: cute.Tensor, tXcS: cute.Tensor,
+                   base: Int64, s: Int32, n: cutlass.Constexpr, valid: Boolean):  # fmt: skip
+    """load_tile for a realigned row: this thread's vectors of its span that hold some of the row,
+    by cp.async; a vector past the tensor's end (the last row's last one) element by element."""
+    if valid:
+        vpt = cute.size(tXcS, mode=[2])
+        per = cute.size(tXcS, mode=[0])
+        for k in cutlass.range_constexpr(vpt):
+            c = tXcS[0, 0, k][1]
+            end = flats[0].shape[0]
+            if c < s + n:
+                if base + c + per <= end:
+                    for src, dst in zip(srcs, dsts):
+                        cute.copy(atom, src[None, None, k], dst[None, None, k])
+                else:
+                    for flat, dst in zip(flats, dsts):
+                        for e in cutlass.range_constexpr(per):
+                            at = base + tXcS[e, 0, k][1]
+                            if at < end:
+                                dst[e, 0, k] = flat[at]
+    else:
+        for dst in dsts:
+            cute.autovec_copy(zero, dst)
+    cute.arch.cp_async_commit_group()
+
+
 class NormBackward:
     """``residual``: add_rmsnorm's dresidual_out is given; it rides the ring beside x and dy and is
     added to dx in fp32, before dh's single rounding. The weight arrives in its own dtype."""
 
-    def __init__(self, dtype, n: int, launch: Launch, layernorm: bool, residual: bool = False):
+    def __init__(self, dtype, n: int, launch: Launch, layernorm: bool, residual: bool = False, realign: bool = False):
         self.dtype, self.n, self.launch, self.layernorm, self.residual = dtype, n, launch, layernorm, residual
+        self.realign = realign  # row tensors (dy, x, dresidual_out, dx) as flat 1-D tensors of M rows of n
         self.op = "layernorm" if layernorm else "rmsnorm"
         elem = dtype.width // 8
         self.ring = backward_ring(launch, elem, self.op, residual)
@@ -697,7 +750,8 @@ class NormBackward:
         stream: cuda.CUstream,
     ):
         L = self.launch
-        mDY, mX, mDR = as_rows(mDY), as_rows(mX), as_rows(mDR)
+        if const_expr(not self.realign):
+            mDY, mX, mDR = as_rows(mDY), as_rows(mX), as_rows(mDR)
         self.kernel(mDY, mX, mW, mRstd, mMean, mDR, mDX, mDWp, mDBp,
                     _tiled_copy(self.dtype, L, async_copy=True), _tiled_copy(self.dtype, L)).launch(
             grid=[groups, L.cluster_n, 1],
@@ -746,23 +800,36 @@ class NormBackward:
             cute.arch.mbarrier_init_fence()
             cute.arch.cluster_arrive_relaxed()
 
-        M = cute.size(mX, mode=[0])
+        M = cute.size(mRstd, mode=[0])
         num_tiles = cute.ceil_div(M, L.rows_per_cta)
         ld = tiled_load.get_slice(tidx)
         st = tiled_store.get_slice(tidx)
-        tXgX = ld.partition_S(cute.local_tile(mX, tiler, (None, rank)))  # (..., tile)
-        tXgDY = ld.partition_S(cute.local_tile(mDY, tiler, (None, rank)))
-        tXgDX = st.partition_D(cute.local_tile(mDX, tiler, (None, rank)))
-        tXcX = ld.partition_S(cute.local_tile(cute.make_identity_tensor((M, n)), tiler, (None, rank)))
         tXsX = ld.partition_D(sX)  # (..., stage)
         tXsDY = ld.partition_D(sDY)
-        gRing, sRing = (tXgX, tXgDY), (tXsX, tXsDY)
+        sRing = (tXsX, tXsDY)
         if const_expr(self.residual):
-            gRing = (tXgX, tXgDY, ld.partition_S(cute.local_tile(mDR, tiler, (None, rank))))
             sRing = (tXsX, tXsDY, ld.partition_D(sDR))
-        in_row = column_predicate(tXcX[None, None, None, 0], n)
         atom_load = _copy_atom(self.dtype, L.vec, async_copy=True)
         atom = _copy_atom(self.dtype, L.vec)
+        if const_expr(self.realign):
+            # flat rows: a row tile is a row (rows_per_cta == 1, no cluster); its span is cut where
+            # it is used (realigned_row). tXcS: this thread's span columns; in_row: the elements of
+            # the row, the same for every row this CTA takes (see "Rows of an odd width").
+            flats = (mX, mDY, mDR) if const_expr(self.residual) else (mX, mDY)
+            tXcS = ld.partition_S(cute.make_identity_tensor((1, L.chunk)))
+            _, shift, _ = realigned_row(mX, bidx, n, L.chunk)
+            in_row = cute.make_rmem_tensor(cute.make_layout(tXcS.shape), Boolean)
+            for i in cutlass.range_constexpr(cute.size(tXcS)):
+                in_row[i] = (tXcS[i][1] >= shift) & (tXcS[i][1] < shift + n)
+        else:
+            tXgX = ld.partition_S(cute.local_tile(mX, tiler, (None, rank)))  # (..., tile)
+            tXgDY = ld.partition_S(cute.local_tile(mDY, tiler, (None, rank)))
+            tXgDX = st.partition_D(cute.local_tile(mDX, tiler, (None, rank)))
+            tXcX = ld.partition_S(cute.local_tile(cute.make_identity_tensor((M, n)), tiler, (None, rank)))
+            gRing = (tXgX, tXgDY)
+            if const_expr(self.residual):
+                gRing = (tXgX, tXgDY, ld.partition_S(cute.local_tile(mDR, tiler, (None, rank))))
+            in_row = column_predicate(tXcX[None, None, None, 0], n)
 
         # Each thread reads back only the smem vectors its own cp.asyncs wrote, so the ring needs
         # no CTA barrier. Vectors past N are never written: zero them once, for every stage.
@@ -774,13 +841,23 @@ class NormBackward:
 
         for s in cutlass.range_constexpr(S - 1):
             early = bidx + s * groups
-            load_tile(atom_load, tuple(g[None, None, None, early] for g in gRing),
-                      tuple(t[None, None, None, s] for t in sRing), zero, in_row,
-                      early < num_tiles and tXcX[0, 0, 0, early][0] < M)
+            if const_expr(self.realign):
+                self.load_row(atom_load, flats, tuple(t[None, None, None, s] for t in sRing), zero, tXcS, ld, early,
+                              early < num_tiles)
+            else:
+                load_tile(atom_load, tuple(g[None, None, None, early] for g in gRing),
+                          tuple(t[None, None, None, s] for t in sRing), zero, in_row,
+                          early < num_tiles and tXcX[0, 0, 0, early][0] < M)
 
         rW = cute.make_rmem_tensor_like(zero, Float32)
         rW.fill(1.0)
-        if const_expr(mW is not None):
+        if const_expr(self.realign):
+            if const_expr(mW is not None):
+                rW.fill(0.0)  # the weight shifted into the span's columns (0 outside the row)
+                for i in cutlass.range_constexpr(cute.size(tXcS)):
+                    if in_row[i]:
+                        rW[i] = mW[tXcS[i][1] - shift].to(Float32)
+        elif const_expr(mW is not None):
             rW = load_weight(mW, L, st, tiler, rank, zero, in_row)
         rDW = cute.make_rmem_tensor_like(zero, Float32)
         rDW.fill(0.0)
@@ -800,24 +877,32 @@ class NormBackward:
         inv_n = const_expr(1.0 / n)
         it = Int32(0)
         # A row's rstd (and mean) is loaded one iteration before its use: see "Backward" above.
-        rstd_next, mean_next = load_row_stats(mRstd, mMean, tXcX[0, 0, 0, bidx][0], M)
+        rstd_next, mean_next = load_row_stats(mRstd, mMean, self.first_row(tXcX, bidx) if const_expr(not self.realign)
+                                              else bidx, M)  # fmt: skip
         for tile in cutlass.range(bidx, num_tiles, groups, unroll=1):
             ahead, ahead_stage = tile + (S - 1) * groups, (it + S - 1) % S
-            load_tile(atom_load, tuple(g[None, None, None, ahead] for g in gRing),
-                      tuple(t[None, None, None, ahead_stage] for t in sRing), zero, in_row,
-                      ahead < num_tiles and tXcX[0, 0, 0, ahead][0] < M)
-            row = tXcX[0, 0, 0, tile][0]
-            rstd, mean = rstd_next, mean_next
-            rstd_next, mean_next = load_row_stats(mRstd, mMean, tXcX[0, 0, 0, tile + groups][0], M)
+            if const_expr(self.realign):
+                self.load_row(atom_load, flats, tuple(t[None, None, None, ahead_stage] for t in sRing), zero, tXcS, ld,
+                              ahead, ahead < num_tiles)
+                row = tile
+                rstd, mean = rstd_next, mean_next
+                rstd_next, mean_next = load_row_stats(mRstd, mMean, tile + groups, M)
+            else:
+                load_tile(atom_load, tuple(g[None, None, None, ahead] for g in gRing),
+                          tuple(t[None, None, None, ahead_stage] for t in sRing), zero, in_row,
+                          ahead < num_tiles and tXcX[0, 0, 0, ahead][0] < M)
+                row = tXcX[0, 0, 0, tile][0]
+                rstd, mean = rstd_next, mean_next
+                rstd_next, mean_next = load_row_stats(mRstd, mMean, tXcX[0, 0, 0, tile + groups][0], M)
             cute.arch.cp_async_wait_group(S - 1)
             stage = it % S
             # Pass 1: the row sums. x and dy are read from shared memory again in pass 2 rather
             # than kept live across the reduction: that keeps the fp32 accumulators in registers.
             cute.autovec_copy(tXsX[None, None, None, stage], rX)
             cute.autovec_copy(tXsDY[None, None, None, stage], rDY)
-            x = rX.load().to(Float32)
+            x, dy = self.row_values(rX, rDY, in_row)
             xhat = (x - mean) * rstd if const_expr(self.layernorm) else x * rstd
-            g = rDY.load().to(Float32) * rW.load().to(Float32)
+            g = dy * rW.load().to(Float32)
             partials = ((xhat * g).reduce(cute.ReductionOp.ADD, Float32(0.0), 0),)
             if const_expr(self.layernorm):
                 partials = (partials[0], g.reduce(cute.ReductionOp.ADD, Float32(0.0), 0))
@@ -829,8 +914,7 @@ class NormBackward:
             # Pass 2: dx, and this row's share of dweight / dbias.
             cute.autovec_copy(tXsX[None, None, None, stage], rX)
             cute.autovec_copy(tXsDY[None, None, None, stage], rDY)
-            x = rX.load().to(Float32)
-            dy = rDY.load().to(Float32)
+            x, dy = self.row_values(rX, rDY, in_row)
             xhat = (x - mean) * rstd if const_expr(self.layernorm) else x * rstd
             g = dy * rW.load().to(Float32)
             if const_expr(self.layernorm):
@@ -842,7 +926,10 @@ class NormBackward:
                 dx = dx + rDR.load().to(Float32)
             rDX.store(dx.to(self.dtype))
             if row < M:
-                cute.copy(atom, rDX, tXgDX[None, None, None, tile], pred=in_row)
+                if const_expr(self.realign):
+                    self.store_row(atom, rDX, mDX, st, tXcS, in_row, row, shift)
+                else:
+                    cute.copy(atom, rDX, tXgDX[None, None, None, tile], pred=in_row)
             if const_expr(mDWp is not None):
                 rDW.store(rDW.load() + dy * xhat)
             if const_expr(mDBp is not None):
@@ -858,7 +945,11 @@ class NormBackward:
             cute.autovec_copy(tXsDB, rDB)
         for acc, mP in ((rDW, mDWp), (rDB, mDBp)):
             if const_expr(mP is not None):
-                if const_expr(sFold is not None):
+                if const_expr(self.realign):
+                    for i in cutlass.range_constexpr(cute.size(tXcS)):
+                        if in_row[i]:
+                            mP[bidx, tXcS[i][1] - shift] = acc[i]
+                elif const_expr(sFold is not None):
                     # Several short rows per CTA: their accumulators are added in shared memory, in
                     # row order (deterministic), one column per thread. With a slot per row, SlotSum,
                     # whose CTAs are few on a short row (4 at N = 128), read 4-32x more partials
@@ -877,6 +968,48 @@ class NormBackward:
                     for k in cutlass.range_constexpr(L.vecs_per_thread):
                         if in_row[0, 0, k]:
                             cute.autovec_copy(acc[None, None, k], tPgP[None, None, k])
+
+
+    def first_row(self, tXcX: cute.Tensor, tile):
+        return tXcX[0, 0, 0, tile][0]
+
+    @cute.jit
+    def load_row(self, atom, flats: tuple, dsts: tuple, zero: cute.Tensor, tXcS: cute.Tensor, ld, row: Int32,
+                 valid: Boolean):  # fmt: skip
+        """One ring stage of a realigned row (load_realigned), row < M or zero-filled."""
+        srcs, base = [], Int64(0)
+        for flat in flats:
+            span, _, base = realigned_row(flat, row, self.n, self.launch.chunk)
+            srcs.append(ld.partition_S(span))
+        load_realigned(atom, tuple(srcs), flats, dsts, zero, tXcS, base, Int32(Int64(row) * self.n - base),
+                       self.n, valid)  # fmt: skip
+
+    @cute.jit
+    def row_values(self, rX: cute.Tensor, rDY: cute.Tensor, in_row: cute.Tensor):
+        """x and dy in fp32. A realigned row's span also holds its neighbours' elements: they
+        become 0 here, by a select, before any arithmetic sees them."""
+        x, dy = rX.load().to(Float32), rDY.load().to(Float32)
+        if const_expr(self.realign):
+            keep = in_row.load()
+            x, dy = cute.where(keep, x, Float32(0.0)), cute.where(keep, dy, Float32(0.0))
+        return x, dy
+
+    @cute.jit
+    def store_row(self, atom, rDX: cute.Tensor, mDX: cute.Tensor, st, tXcS: cute.Tensor, in_row: cute.Tensor,
+                  row: Int32, shift: Int32):  # fmt: skip
+        """dx of a realigned row: whole vectors inside the row at once, its first and last vector
+        element by element (their other elements belong to the neighbouring rows)."""
+        span, _, _ = realigned_row(mDX, row, self.n, self.launch.chunk)
+        tXgDX = st.partition_D(span)
+        per = cute.size(tXcS, mode=[0])
+        for k in cutlass.range_constexpr(cute.size(tXcS, mode=[2])):
+            c = tXcS[0, 0, k][1]
+            if c >= shift and c + per <= shift + self.n:
+                cute.copy(atom, rDX[None, None, k], tXgDX[None, None, k])
+            elif c < shift + self.n:
+                for e in cutlass.range_constexpr(per):
+                    if in_row[e, 0, k]:
+                        tXgDX[e, 0, k] = rDX[e, 0, k]
 
 
 # ============================================================================ dweight / dbias
@@ -971,19 +1104,25 @@ def _fake_rows(dtype, m, n: int, vec: int, heads: int = 0, tokens=None):
 @lru_cache(maxsize=None)
 def kernel_key(op: str, direction: str, dtype: torch.dtype, n: int, vec: int, wdtype: torch.dtype | None,
                bdtype: torch.dtype | None = None, residual: bool = False, few_rows: bool = False, heads: int = 0,
-               views: tuple[bool, ...] = (), rows: int = 0) -> tuple:  # fmt: skip
+               views: tuple[bool, ...] = (), rows: int = 0, realign: bool = False) -> tuple:  # fmt: skip
     """The compile cache's key. ``wdtype`` / ``bdtype``: the weight's / bias's dtype (None: absent).
     ``residual``: add_rmsnorm's dresidual_out is given (backward; the forward always has its
     residual). ``heads``: H of the (T, H, N) per-head views among the row tensors (0: none), and
     ``views`` which row tensors are such views, in the kernel's order (forward: x, residual;
-    backward: dy, x, dresidual_out); ``rows``: a cap on rows per CTA (``view_rows``). The launch
+    backward: dy, x, dresidual_out); ``rows``: a cap on rows per CTA (``view_rows``); ``realign``: a
+    backward of realigned rows (``realigned_launch``: its launch covers the span, vec is 8). The launch
     shape stands for ``few_rows`` and ``rows``, so that a call whose launch is the usual one shares
     its kernel. The launch is checked here (ValueError), before any compile or launch. Cached: the
     contract calls it on every call."""
     if op == "add_rmsnorm":  # the forward always reads a residual; the backward is RMSNorm's (+ dresidual_out)
         op, residual = ("add_rmsnorm", True) if direction == "fwd" else ("rmsnorm", residual)
+    if realign:
+        launch = realigned_launch(n, dtype.itemsize, op, residual)
+        if launch is None or direction != "bwd" or heads:
+            raise ValueError(f"impls.cute: rows of {n} {dtype} are not read realigned ({op} {direction})")
+        return (op, direction, dtype, n, launch.vec, wdtype, bdtype, residual, 0, (), True, launch)
     launch, _ = planned_launch(n, dtype.itemsize, vec, direction, op, few_rows, residual, rows)
-    return (op, direction, dtype, n, vec, wdtype, bdtype, residual, heads, views if heads else (), launch)
+    return (op, direction, dtype, n, vec, wdtype, bdtype, residual, heads, views if heads else (), False, launch)
 
 
 def compile_kernel(key: tuple):
@@ -992,15 +1131,17 @@ def compile_kernel(key: tuple):
     if key in _COMPILED:
         return _COMPILED[key]
     t0 = time.perf_counter()
-    op, direction, dtype, n, vec, wdtype, bdtype, residual, heads, views, launch = key
+    op, direction, dtype, n, vec, wdtype, bdtype, residual, heads, views, realign, launch = key
     cdt = _TORCH2CUTE[dtype]
     layer = op == "layernorm"
-    m, tokens = cute.sym_int(), cute.sym_int()
+    m, tokens, flat = cute.sym_int(), cute.sym_int(), cute.sym_int64()
 
-    def rows(i: int):  # the i-th row tensor the kernel reads (views' order)
+    def rows(i: int):  # the i-th row tensor the kernel reads (views' order); realigned: flat, 16-byte aligned
+        if realign:
+            return cute.runtime.make_fake_tensor(cdt, (flat,), stride=(1,), assumed_align=16)
         return _fake_rows(cdt, m, n, vec, heads if heads and views[i] else 0, tokens)
 
-    w = _fake(_TORCH2CUTE[wdtype], (n,), vec) if wdtype is not None else None
+    w = _fake(_TORCH2CUTE[wdtype], (n,), 1 if realign else vec) if wdtype is not None else None
     rstd = _fake(Float32, (m,), 1)
     mean = _fake(Float32, (m,), 1) if layer else None
     stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=_HAS_TVM_FFI)
@@ -1018,10 +1159,11 @@ def compile_kernel(key: tuple):
         dwp = _fake(Float32, (slots, n), pdiv) if wdtype is not None else None
         dbp = _fake(Float32, (slots, n), pdiv) if layer else None
         dres = rows(2) if residual else None
-        kernel = NormBackward(cdt, n, launch, layer, residual)
+        kernel = NormBackward(cdt, n, launch, layer, residual, realign)
+        dx = rows(0) if realign else _fake(cdt, (m, n), vec)
         with tempfile.TemporaryDirectory() as dump:  # keep the cubin: max_resident() asks the driver about it
-            fn = cute.compile(kernel, rows(0), rows(1), w, rstd, mean, dres, _fake(cdt, (m, n), vec),
-                              dwp, dbp, Int32(1), stream, options=f"{options} --keep-cubin --dump-dir={dump}")
+            fn = cute.compile(kernel, rows(0), rows(1), w, rstd, mean, dres, dx,
+                              dwp, dbp, Int32(1), stream, options=f"{options} --keep-cubin --keep-ptx --dump-dir={dump}")
     COMPILE_SECONDS[key] = time.perf_counter() - t0
     _COMPILED[key] = (fn, kernel)
     return _COMPILED[key]
@@ -1045,18 +1187,19 @@ def compile_slot_sum(n: int, pdtype: torch.dtype, with_bias: bool, threads_per_c
 
 def compile_only(op: str, direction: str, dtype: torch.dtype, n: int, vec: int | None = None,
                  wdtype: torch.dtype | None | str = "x", residual: bool = False, few_rows: bool = False,
-                 heads: int = 0, views: tuple[bool, ...] | None = None, rows: int = 0) -> float:  # fmt: skip
+                 heads: int = 0, views: tuple[bool, ...] | None = None, rows: int = 0,
+                 realign: bool = False) -> float:  # fmt: skip
     """Compile one variant without a GPU (set CUTE_DSL_ARCH=sm_90a); returns compile seconds.
     ``wdtype``: the weight's dtype, "x" for x's own, None for no affine (the LayerNorm forward's
     bias takes the weight's). ``heads``: row tensors as (T, H, N) per-head views, by default those
     a per-head call passes as such (x and the residual; in the backward x, dy coming contiguous);
-    ``rows``: a cap on rows per CTA (``view_rows``)."""
+    ``rows``: a cap on rows per CTA (``view_rows``); ``realign``: the backward of realigned rows."""
     vec = vec or math.gcd(n, 16 // dtype.itemsize)
     wdtype = dtype if wdtype == "x" else wdtype
     bdtype = wdtype if op == "layernorm" and direction == "fwd" else None
     if views is None:
         views = (True, op == "add_rmsnorm") if direction == "fwd" else (False, True, False)
-    key = kernel_key(op, direction, dtype, n, vec, wdtype, bdtype, residual, few_rows, heads, views, rows)
+    key = kernel_key(op, direction, dtype, n, vec, wdtype, bdtype, residual, few_rows, heads, views, rows, realign)
     compile_kernel(key)
     return COMPILE_SECONDS[key]
 
@@ -1106,6 +1249,32 @@ def _planned(key_of, rows: tuple, n: int) -> tuple:
     return key_of(rows, 0, (), 0), rows
 
 
+# False: odd-width rows take the element-wise backward as before (the comparison behind
+# docs/kernels/cute.md, tools/experiments/cute-odd-rows/).
+REALIGN_BACKWARD = True
+
+
+def _realigned(rows: tuple, n: int, op: str) -> tuple:
+    """The backward's row tensors (dy, x, dresidual_out, dx) as flat 1-D views where the realigned
+    kernel takes them (``realigned_launch``: 16-bit rows of an odd width, one row per CTA), else ():
+    every one (M, N) rows of stride N, or a (T, H, N) view of such rows, from a 16-byte aligned
+    start."""
+    first = rows[1]
+    if n % 8 == 0 or first.element_size() != 2 or not first.numel() or not REALIGN_BACKWARD:  # (common case first)
+        return ()
+    flat = []
+    for t in rows:
+        if t is None:
+            flat.append(None)
+            continue
+        if not t.is_contiguous() or t.data_ptr() % 16:
+            return ()
+        flat.append(t.view(-1))
+    if realigned_launch(n, 2, op, rows[2] is not None) is None:
+        return ()
+    return tuple(flat)
+
+
 def _forward(op, x, residual, weight, bias, eps):
     n = x.shape[-1]
     m = x.numel() // n
@@ -1140,16 +1309,23 @@ def _backward(op, dy, x, weight, rstd, mean, dresidual=None):
         vec = vector_width(n, dtype, *(t for t in rows if t is not None), *others)
         return kernel_key(op, "bwd", dtype, n, vec, wdtype, None, fused, False, heads, views, cap)
 
-    key, (dy, x, dresidual) = _planned(key_of, (dy, x, dresidual), n)
+    rows = _realigned((dy, x, dresidual, dx), n, op)
+    if rows:
+        key = kernel_key(op, "bwd", dtype, n, 0, wdtype, None, fused, realign=True)
+        dy, x, dresidual = rows[:3]
+    else:
+        key, (dy, x, dresidual) = _planned(key_of, (dy, x, dresidual), n)
     fn, kernel = compile_kernel(key)
     launch = kernel.launch
     if key not in _RESIDENT:
         _RESIDENT[key] = max_resident(fn, kernel, _num_sms(x.device.index or 0))
     groups = max(1, min(_cdiv(m, launch.rows_per_cta), _RESIDENT[key]))
+    if rows and groups < m:  # every row of a CTA at the same offset within a vector
+        groups = max(8, groups // 8 * 8)
     slots = groups  # one partial row per CTA (cluster): a CTA of several rows folds them
     dwp = x.new_empty((slots, n), dtype=torch.float32) if weight is not None else None
     dbp = x.new_empty((slots, n), dtype=torch.float32) if op == "layernorm" else None
-    fn(dy, x, weight, rstd, mean, dresidual, dx, dwp, dbp, groups)
+    fn(dy, x, weight, rstd, mean, dresidual, rows[3] if rows else dx, dwp, dbp, groups)
     # reduced in fp32 over the slots, then rounded once to the parameter's dtype (x's or fp32)
     pdtype = x.dtype if weight is None else weight.dtype
     dw = x.new_empty(n, dtype=pdtype) if dwp is not None else None

@@ -320,6 +320,26 @@ def planned_launch(n: int, elem_bytes: int, vec: int, direction: str, op: str, f
     return launch, smem
 
 
+def realigned_span(n: int, vec: int) -> int:
+    """Columns of a realigned row's span: the whole vectors that hold a row of n elements starting
+    anywhere within a vector (``realigned_launch``)."""
+    return vec * _cdiv(n + vec - 1, vec)
+
+
+@lru_cache(maxsize=None)
+def realigned_launch(n: int, elem_bytes: int, op: str, residual: bool = False) -> Launch | None:
+    """The backward's launch for rows of n 16-bit elements, n no multiple of a 16-byte vector, read
+    realigned (``kernels.py``, "Rows of an odd width"), or None where they stay element-wise:
+    16-bit rows whose span is one row per CTA, no cluster (from about N = 1000 up to the widest
+    row one CTA holds). Shorter rows share a CTA, and its rows would start at different offsets
+    within a vector; fp32 rows were left element-wise."""
+    vec = 16 // elem_bytes
+    if elem_bytes != 2 or n % vec == 0:
+        return None
+    launch, _ = planned_launch(realigned_span(n, vec), elem_bytes, vec, "bwd", op, False, residual)
+    return launch if launch.cluster_n == 1 and launch.rows_per_cta == 1 else None
+
+
 def vector_width(n: int, dtype: torch.dtype, *tensors: torch.Tensor) -> int:
     """Widest vector of x's dtype (<= 128 bits) that N, every leading stride (a row's; a per-head
     view's token and head strides) and every base pointer allow. Every tensor's pointer must be
