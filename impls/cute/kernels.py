@@ -706,16 +706,19 @@ def load_realigned(atom, srcs: tuple, flats: tuple, dsts: tuple, zero: cute.Tens
         for k in cutlass.range_constexpr(vpt):
             c = tXcS[0, 0, k][1]
             end = flats[0].shape[0]
-            if c < s + n:
-                if base + c + per <= end:
-                    for src, dst in zip(srcs, dsts):
-                        cute.copy(atom, src[None, None, k], dst[None, None, k])
-                else:
-                    for flat, dst in zip(flats, dsts):
-                        for e in cutlass.range_constexpr(per):
-                            at = base + tXcS[e, 0, k][1]
-                            if at < end:
-                                dst[e, 0, k] = flat[at]
+            if c >= s + n:  # past the row: 0s (the stage may hold an earlier row there)
+                for dst in dsts:
+                    cute.autovec_copy(zero[None, None, k], dst[None, None, k])
+            elif base + c + per <= end:
+                for src, dst in zip(srcs, dsts):
+                    cute.copy(atom, src[None, None, k], dst[None, None, k])
+            else:
+                for flat, dst in zip(flats, dsts):
+                    for e in cutlass.range_constexpr(per):
+                        at = base + tXcS[e, 0, k][1]
+                        dst[e, 0, k] = dst.element_type(0.0)
+                        if at < end:
+                            dst[e, 0, k] = flat[at]
     else:
         for dst in dsts:
             cute.autovec_copy(zero, dst)
@@ -813,14 +816,19 @@ class NormBackward:
         atom = _copy_atom(self.dtype, L.vec)
         if const_expr(self.realign):
             # flat rows: a row tile is a row (rows_per_cta == 1, no cluster); its span is cut where
-            # it is used (realigned_row). tXcS: this thread's span columns; in_row: the elements of
-            # the row, the same for every row this CTA takes (see "Rows of an odd width").
+            # it is used (realigned_row). tXcS: this thread's span columns; shift: where the row
+            # starts in them, the same for every row this CTA takes (see "Rows of an odd width").
             flats = (mX, mDY, mDR) if const_expr(self.residual) else (mX, mDY)
             tXcS = ld.partition_S(cute.make_identity_tensor((1, L.chunk)))
             _, shift, _ = realigned_row(mX, bidx, n, L.chunk)
-            in_row = cute.make_rmem_tensor(cute.make_layout(tXcS.shape), Boolean)
+            in_row = None
+            # Bit i: this thread's span element i is the row's. One register: held as 16 flags
+            # (or their columns) across the row loop, the kernel needed 46 more registers.
+            keep = Int32(0)
             for i in cutlass.range_constexpr(cute.size(tXcS)):
-                in_row[i] = (tXcS[i][1] >= shift) & (tXcS[i][1] < shift + n)
+                col = tXcS[i][1] - shift
+                if col >= 0 and col < n:
+                    keep = keep | (1 << i)
         else:
             tXgX = ld.partition_S(cute.local_tile(mX, tiler, (None, rank)))  # (..., tile)
             tXgDY = ld.partition_S(cute.local_tile(mDY, tiler, (None, rank)))
@@ -853,10 +861,12 @@ class NormBackward:
         rW.fill(1.0)
         if const_expr(self.realign):
             if const_expr(mW is not None):
+                rW = cute.make_rmem_tensor_like(zero, mW.element_type)
                 rW.fill(0.0)  # the weight shifted into the span's columns (0 outside the row)
                 for i in cutlass.range_constexpr(cute.size(tXcS)):
-                    if in_row[i]:
-                        rW[i] = mW[tXcS[i][1] - shift].to(Float32)
+                    col = tXcS[i][1] - shift
+                    if col >= 0 and col < n:
+                        rW[i] = mW[col]
         elif const_expr(mW is not None):
             rW = load_weight(mW, L, st, tiler, rank, zero, in_row)
         rDW = cute.make_rmem_tensor_like(zero, Float32)
@@ -896,11 +906,13 @@ class NormBackward:
                 rstd_next, mean_next = load_row_stats(mRstd, mMean, tXcX[0, 0, 0, tile + groups][0], M)
             cute.arch.cp_async_wait_group(S - 1)
             stage = it % S
+            if const_expr(self.realign):
+                self.clear_neighbours(tuple(t[None, None, None, stage] for t in sRing), tXcS, keep)
             # Pass 1: the row sums. x and dy are read from shared memory again in pass 2 rather
             # than kept live across the reduction: that keeps the fp32 accumulators in registers.
             cute.autovec_copy(tXsX[None, None, None, stage], rX)
             cute.autovec_copy(tXsDY[None, None, None, stage], rDY)
-            x, dy = self.row_values(rX, rDY, in_row)
+            x, dy = rX.load().to(Float32), rDY.load().to(Float32)
             xhat = (x - mean) * rstd if const_expr(self.layernorm) else x * rstd
             g = dy * rW.load().to(Float32)
             partials = ((xhat * g).reduce(cute.ReductionOp.ADD, Float32(0.0), 0),)
@@ -914,7 +926,7 @@ class NormBackward:
             # Pass 2: dx, and this row's share of dweight / dbias.
             cute.autovec_copy(tXsX[None, None, None, stage], rX)
             cute.autovec_copy(tXsDY[None, None, None, stage], rDY)
-            x, dy = self.row_values(rX, rDY, in_row)
+            x, dy = rX.load().to(Float32), rDY.load().to(Float32)
             xhat = (x - mean) * rstd if const_expr(self.layernorm) else x * rstd
             g = dy * rW.load().to(Float32)
             if const_expr(self.layernorm):
@@ -927,7 +939,7 @@ class NormBackward:
             rDX.store(dx.to(self.dtype))
             if row < M:
                 if const_expr(self.realign):
-                    self.store_row(atom, rDX, mDX, st, tXcS, in_row, row, shift)
+                    self.store_row(atom, rDX, mDX, st, tXcS, row, keep)
                 else:
                     cute.copy(atom, rDX, tXgDX[None, None, None, tile], pred=in_row)
             if const_expr(mDWp is not None):
@@ -947,8 +959,9 @@ class NormBackward:
             if const_expr(mP is not None):
                 if const_expr(self.realign):
                     for i in cutlass.range_constexpr(cute.size(tXcS)):
-                        if in_row[i]:
-                            mP[bidx, tXcS[i][1] - shift] = acc[i]
+                        col = tXcS[i][1] - shift
+                        if col >= 0 and col < n:
+                            mP[bidx, col] = acc[i]
                 elif const_expr(sFold is not None):
                     # Several short rows per CTA: their accumulators are added in shared memory, in
                     # row order (deterministic), one column per thread. With a slot per row, SlotSum,
@@ -985,30 +998,36 @@ class NormBackward:
                        self.n, valid)  # fmt: skip
 
     @cute.jit
-    def row_values(self, rX: cute.Tensor, rDY: cute.Tensor, in_row: cute.Tensor):
-        """x and dy in fp32. A realigned row's span also holds its neighbours' elements: they
-        become 0 here, by a select, before any arithmetic sees them."""
-        x, dy = rX.load().to(Float32), rDY.load().to(Float32)
-        if const_expr(self.realign):
-            keep = in_row.load()
-            x, dy = cute.where(keep, x, Float32(0.0)), cute.where(keep, dy, Float32(0.0))
-        return x, dy
+    def clear_neighbours(self, stage: tuple, tXcS: cute.Tensor, keep: Int32):
+        """A realigned row's first and last vector also hold its neighbours' elements: 0 in the
+        staged copy, once the row has landed, so that no arithmetic sees them (an inf beside the
+        row cannot reach it) and dx, dweight and dbias get nothing from them. Only the threads
+        holding those two vectors do anything; each clears its own vectors, so no barrier."""
+        per = cute.size(tXcS, mode=[0])
+        full = (1 << per) - 1
+        for k in cutlass.range_constexpr(cute.size(tXcS, mode=[2])):
+            if (keep >> (per * k)) & full != full:
+                for e in cutlass.range_constexpr(per):
+                    if (keep >> (per * k + e)) & 1 == 0:
+                        for t in stage:
+                            t[e, 0, k] = t.element_type(0.0)
 
     @cute.jit
-    def store_row(self, atom, rDX: cute.Tensor, mDX: cute.Tensor, st, tXcS: cute.Tensor, in_row: cute.Tensor,
-                  row: Int32, shift: Int32):  # fmt: skip
+    def store_row(self, atom, rDX: cute.Tensor, mDX: cute.Tensor, st, tXcS: cute.Tensor, row: Int32,
+                  keep: Int32):  # fmt: skip
         """dx of a realigned row: whole vectors inside the row at once, its first and last vector
         element by element (their other elements belong to the neighbouring rows)."""
         span, _, _ = realigned_row(mDX, row, self.n, self.launch.chunk)
         tXgDX = st.partition_D(span)
         per = cute.size(tXcS, mode=[0])
+        full = (1 << per) - 1
         for k in cutlass.range_constexpr(cute.size(tXcS, mode=[2])):
-            c = tXcS[0, 0, k][1]
-            if c >= shift and c + per <= shift + self.n:
+            bits = (keep >> (per * k)) & full
+            if bits == full:
                 cute.copy(atom, rDX[None, None, k], tXgDX[None, None, k])
-            elif c < shift + self.n:
+            elif bits != 0:
                 for e in cutlass.range_constexpr(per):
-                    if in_row[e, 0, k]:
+                    if (bits >> e) & 1 != 0:
                         tXgDX[e, 0, k] = rDX[e, 0, k]
 
 

@@ -43,6 +43,7 @@ Measurements behind these choices: docs/kernels/cute.md.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from functools import lru_cache
@@ -91,6 +92,12 @@ _MAX_STAGES = 4
 # clearly faster than 4 there. Not understood, and not general: RMSNorm's two-tensor ring there
 # gained nothing from 3, LayerNorm's lost, so they keep 4.
 _RESIDUAL_STAGES_AT_4_CTAS = 3
+_REGISTERS_PER_SM = 65536
+# The realigned backward (rows of an odd width) promises ptxas this many registers per thread:
+# uncapped it takes 20-50 more than the kernel of aligned rows (the span's addresses, the row's
+# elements among the span's), and under the ring's usual cap it spilled its accumulators (the
+# LayerNorm backward at N = 2999: 55% of copy bandwidth against 93% at 3072).
+REALIGNED_MIN_REGISTERS = 168
 # Target vectors per thread: 64 B of x in 16-bit types in the forward, enough loads in flight; half
 # that in the backward, whose thread also carries fp32 dweight / dbias accumulators (registers).
 _VECS_PER_THREAD = {"fwd": 4, "bwd": 2}
@@ -132,6 +139,10 @@ class Launch:
     # time, wait on L2 one after another. On short register-resident rows the merges' divisions
     # cost more still.
     one_exchange: bool = False
+    # Backward only: promise ptxas at least this many registers per thread (fewer CTAs per SM where
+    # the ring would promise fewer; 0: the ring's count). The realigned backward needs more
+    # registers than the kernel of aligned rows (``REALIGNED_MIN_REGISTERS``).
+    min_registers: int = 0
 
     @property
     def rows_per_cta(self) -> int:
@@ -247,6 +258,8 @@ def backward_ring(launch: Launch, elem_bytes: int, op: str, residual: bool = Fal
     up = _cdiv(_BWD_THREADS_PER_SM, launch.num_threads)
     if not residual and up > ctas and up * launch.num_threads <= _BWD_ROUNDED_UP_THREADS_MAX and stages(up) == _MAX_STAGES:
         ctas = up
+    if launch.min_registers:
+        ctas = max(1, min(ctas, _REGISTERS_PER_SM // (launch.num_threads * launch.min_registers)))
     depth = stages(ctas)
     if residual and ctas >= 4:
         depth = min(depth, _RESIDUAL_STAGES_AT_4_CTAS)
@@ -337,7 +350,9 @@ def realigned_launch(n: int, elem_bytes: int, op: str, residual: bool = False) -
     if elem_bytes != 2 or n % vec == 0:
         return None
     launch, _ = planned_launch(realigned_span(n, vec), elem_bytes, vec, "bwd", op, False, residual)
-    return launch if launch.cluster_n == 1 and launch.rows_per_cta == 1 else None
+    if launch.cluster_n > 1 or launch.rows_per_cta > 1:
+        return None
+    return dataclasses.replace(launch, min_registers=REALIGNED_MIN_REGISTERS)
 
 
 def vector_width(n: int, dtype: torch.dtype, *tensors: torch.Tensor) -> int:
