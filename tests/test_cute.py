@@ -902,3 +902,121 @@ def test_fp8_new_m_does_not_recompile():
             k.rmsnorm_fp8_fwd(x[:m], w, 1e-5, group)
         # one kernel, and at most a second for few rows (no more rows than SMs)
         assert 1 <= len(set(F8.COMPILE_SECONDS) - before) <= 2
+
+
+# ---------------------------------------------------------------------------- rows of an odd width
+ODD_N = [1999, 4001, 6007]
+
+
+@pytest.mark.parametrize("op,residual", [("rmsnorm", False), ("layernorm", False), ("rmsnorm", True)])
+def test_realigned_launch_is_one_row_per_cta_covering_the_span(op, residual):
+    for n in range(1001, 8200, 37):
+        L = P.realigned_launch(n, 2, op, residual)
+        if n % 8 == 0 or L is None:
+            continue
+        span = P.realigned_span(n, 8)
+        assert span % 8 == 0 and n + 7 <= span < n + 15
+        assert L.vec == 8 and L.cluster_n == 1 and L.rows_per_cta == 1 and L.chunk >= span
+        assert L.min_registers == P.REALIGNED_MIN_REGISTERS
+        ring = P.backward_ring(L, 2, op, residual)
+        assert ring.ctas_per_sm * L.num_threads * L.min_registers <= 65536 or ring.ctas_per_sm == 1
+        assert P.shared_memory_bytes(L, 2, op, "bwd", residual) <= P.SMEM_LIMIT
+    # 16-bit rows only, of an odd width, one row per CTA
+    assert P.realigned_launch(4001, 4, op, residual) is None
+    assert P.realigned_launch(4096, 2, op, residual) is None
+    assert P.realigned_launch(1001, 2, op, residual) is None  # two rows per CTA, at other offsets
+    assert P.realigned_launch(40001, 2, op, residual) is None  # a cluster
+
+
+def test_realigned_rows_are_taken_only_where_every_tensor_qualifies():
+    m, n = 37, 4001
+    dy, x, dres, dx = (torch.randn(m, n, dtype=BF16) for _ in range(4))
+    flat = K._realigned((dy, x, None, dx), n, "rmsnorm")
+    assert len(flat) == 4 and flat[2] is None
+    assert all(t.dim() == 1 and t.data_ptr() == s.data_ptr() for t, s in zip(flat[::3], (dy, dx)))  # views, no copy
+    assert len(K._realigned((dy, x, dres, dx), n, "rmsnorm")) == 4
+    wide = torch.randn(m, n + 1, dtype=BF16)
+    assert K._realigned((dy, wide[:, :n], None, dx), n, "rmsnorm") == ()  # a row stride of n + 1
+    shifted = torch.randn(m * n + 1, dtype=BF16)[1:].view(m, n)
+    assert K._realigned((dy, shifted, None, dx), n, "rmsnorm") == ()  # a start off the 16-byte grid
+    assert K._realigned(tuple(t.float() for t in (dy, x)) + (None, dx.float()), n, "layernorm") == ()
+    assert K._realigned((dy[:, :4000].contiguous(), x[:, :4000].contiguous(), None, dx[:, :4000].contiguous()),
+                        4000, "layernorm") == ()  # fmt: skip
+    x7 = torch.randn(m, 1001, dtype=BF16)
+    assert K._realigned((x7, x7, None, x7), 1001, "rmsnorm") == ()
+    try:
+        K.REALIGN_BACKWARD = False
+        assert K._realigned((dy, x, None, dx), n, "rmsnorm") == ()
+    finally:
+        K.REALIGN_BACKWARD = True
+
+
+def _ptx_counts(ptx: str) -> tuple[int, int]:
+    """(16-byte cp.async copies, 16-byte global stores) in a kernel's PTX."""
+    return len(re.findall(r"cp\.async\.c[ag]\.shared\.global\S* \[[^]]+\], \[[^]]+\], 16", ptx)), len(
+        re.findall(r"st\.global\S*\.v4", ptx))
+
+
+@pytest.mark.parametrize("op,residual", [("rmsnorm", False), ("layernorm", False), ("rmsnorm", True)])
+@pytest.mark.parametrize("dtype,wdtype", [(BF16, "x"), (FP16, FP32), (BF16, None)])
+def test_realigned_backward_compiles_to_whole_vectors(op, residual, dtype, wdtype):
+    """The realigned backward moves its rows by 16-byte cp.async and stores dx 16 bytes at a time;
+    the element-wise kernel it replaces has neither (so this test can fail)."""
+    for n in ODD_N:
+        assert K.compile_only(op, "bwd", dtype, n, vec=8, wdtype=wdtype, residual=residual, realign=True) > 0
+        key = K.kernel_key(op, "bwd", dtype, n, 8, dtype if wdtype == "x" else wdtype, None, residual, realign=True)
+        copies, stores = _ptx_counts(K._COMPILED[key][0].__ptx__)
+        assert copies >= 2 * (3 if residual else 2) and stores >= 1, (n, copies, stores)
+    K.compile_only(op, "bwd", dtype, ODD_N[0], wdtype=wdtype, residual=residual)
+    key = K.kernel_key(op, "bwd", dtype, ODD_N[0], 1, dtype if wdtype == "x" else wdtype, None, residual)
+    assert _ptx_counts(K._COMPILED[key][0].__ptx__) == (0, 0)
+
+
+def test_realigned_keys_refuse_what_the_kernel_cannot_take():
+    with pytest.raises(ValueError, match="not read realigned"):
+        K.kernel_key("rmsnorm", "bwd", BF16, 4096, 8, BF16, realign=True)
+    with pytest.raises(ValueError, match="not read realigned"):
+        K.kernel_key("rmsnorm", "fwd", BF16, 4001, 8, BF16, realign=True)
+
+
+REALIGNED_SHAPES = [Shape((37, 4001)), Shape((5, 5003)), Shape((19, 2999)), Shape((1, 6007)), Shape((300, 8191))]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("weights", ["same", "fp32"])
+@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+@pytest.mark.parametrize("op", ["rmsnorm", "layernorm", "add_rmsnorm"])
+def test_realigned_backward_against_the_reference(op, dtype, weights):
+    """Rows of an odd width, every offset within a vector (37 rows), fewer rows than CTAs, one row,
+    and a last row whose span runs past the tensor."""
+    from harness.registry import get
+
+    impl = get("cute")
+    k = impl.kernels("cuda")
+    for shape in REALIGNED_SHAPES:
+        r = run_check(impl, op, "bwd", shape, dtype, "cuda", kernels=k, weights=weights)
+        assert r.status in ("pass", "skip"), f"{shape}: {r.summary()}"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("op", ["rmsnorm", "layernorm"])
+def test_realigned_rows_keep_to_themselves(op):
+    """A realigned row's first and last vector hold its neighbours' elements: an inf in row 3 must
+    leave every other row's dx as it was, bit for bit."""
+    k = _kernels()
+    c = make_case(op, Shape((37, 4001)), BF16, "cuda", seed=5)
+    x, dy, w = c["x"], c["dy"], c["weight"]
+    if op == "layernorm":
+        _, mean, rstd = reference.layernorm_fwd(x, w, c["bias"], c["eps"])
+        run = lambda a, b: k.layernorm_bwd(b, a, w, mean.float(), rstd.float())[0]  # noqa: E731
+    else:
+        _, rstd = reference.rmsnorm_fwd(x, w, c["eps"])
+        run = lambda a, b: k.rmsnorm_bwd(b, a, w, rstd.float())[0]  # noqa: E731
+    assert K._realigned((dy, x, None, torch.empty_like(x)), 4001, op)
+    clean = run(x, dy)
+    x2, dy2 = x.clone(), dy.clone()
+    x2[3], dy2[3] = float("inf"), float("inf")
+    dirty = run(x2, dy2)
+    others = [r for r in range(37) if r != 3]
+    assert torch.equal(clean[others], dirty[others])
+    assert torch.isfinite(clean).all()

@@ -95,9 +95,10 @@ _RESIDUAL_STAGES_AT_4_CTAS = 3
 _REGISTERS_PER_SM = 65536
 # The realigned backward (rows of an odd width) promises ptxas this many registers per thread:
 # uncapped it takes 20-50 more than the kernel of aligned rows (the span's addresses, the row's
-# elements among the span's), and under the ring's usual cap it spilled its accumulators (the
-# LayerNorm backward at N = 2999: 55% of copy bandwidth against 93% at 3072).
-REALIGNED_MIN_REGISTERS = 168
+# elements among the span's), and under the ring's usual cap of 96 it spilled its accumulators
+# (LayerNorm at N = 2999 and 5003: 63-64% of copy bandwidth, 89 and 83% with 128). 168 lost
+# instead at 4001, where it left one CTA per SM (RMSNorm 94 -> 83%).
+REALIGNED_MIN_REGISTERS = 128
 # Target vectors per thread: 64 B of x in 16-bit types in the forward, enough loads in flight; half
 # that in the backward, whose thread also carries fp32 dweight / dbias accumulators (registers).
 _VECS_PER_THREAD = {"fwd": 4, "bwd": 2}
