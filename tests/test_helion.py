@@ -684,3 +684,99 @@ def test_rows_not_a_multiple_of_8_keep_the_row_kernels():
     for n in (1, 7, 33, 100):
         assert not configs.pinned("rmsnorm_bwd", n, "bf16", "NVIDIA H100 80GB HBM3").kernel.endswith("_heads"), n
     assert configs.pinned("rmsnorm_bwd", 64, "bf16", "NVIDIA H100 80GB HBM3").kernel.endswith("_heads")
+
+
+# ---------------------------------------------------------------- realigned rows (kernels ``*_odd``)
+# every offset within a vector occurs among 37 rows of 1001 (1001 = 1 mod 8); 1003 = 3 mod 8
+ODD_SHAPES = (Shape((37, 1001)), Shape((19, 1003)))
+
+
+def _realigned_only(monkeypatch, compiled: bool) -> list:
+    """Rows of 1001 and 1003 taken by the realigned kernels (their length range lowered to reach
+    them); returns the list of kernels they launch, to check that they ran. Compiled to Triton (for
+    its interpreter), with 2 rows a step, or in Helion's eager mode."""
+    monkeypatch.setattr(configs, "REALIGNED_N", (0, 8192))
+    ran = []
+    launch = kernels.launch
+
+    def run(kernel, config, *args):
+        ran.append(kernel.name)
+        if not compiled:
+            return launch(kernel, config, *args)
+        bound = kernel.bind(args)
+        config = {**config, "block_sizes": [2]} if kernel.name.endswith("_odd") else config
+        return bound.compile_config(configs.fit(config, bound))(*args)
+
+    monkeypatch.setattr(kernels, "launch", run)
+    return ran
+
+
+@pytest.mark.parametrize("param_dtype", [None, torch.float32], ids=["params-bf16", "params-fp32"])
+@pytest.mark.parametrize("direction", ["fwd", "bwd"])
+@pytest.mark.parametrize("op", NORMS)
+def test_realigned_rows_match_reference(op, direction, param_dtype, monkeypatch):
+    """The realigned kernels (Helion's eager mode) through the contract functions against fp64, on
+    bf16 rows that start at every offset within a vector, parameters in x's dtype or fp32: poisoned
+    outputs, fresh seeded inputs; and without weight and bias."""
+    ran = _realigned_only(monkeypatch, compiled=False)
+    for seed, shape in enumerate(ODD_SHAPES):
+        case = drawn(op, shape, torch.bfloat16, param_dtype, seed=seed + 11)
+        assert_passed(reports(kernels, op, direction, case), f"{shape.label} {direction}")
+        bare = {**case, **{p: None for p in OPS[op].params}}
+        assert_passed(reports(kernels, op, direction, bare), f"{shape.label} {direction}, no parameters")
+    assert ran and all(name.endswith(f"_{direction}_odd") for name in ran), ran
+
+
+@TRITON_INTERPRETER
+@pytest.mark.parametrize("direction", ["fwd", "bwd"])
+@pytest.mark.parametrize("op", NORMS)
+def test_realigned_rows_in_generated_triton(op, direction, monkeypatch, no_libdevice):
+    """The Triton Helion generates for the realigned kernels, under Triton's interpreter: 2 rows a
+    step, so that each program walks several steps and its last is masked; fp32 parameters. fp16
+    rows (see test_generated_triton_under_the_interpreter: its bf16 rounding truncates)."""
+    ran = _realigned_only(monkeypatch, compiled=True)
+    for seed, shape in enumerate(ODD_SHAPES):
+        case = drawn(op, shape, torch.float16, torch.float32, seed=seed + 21)
+        assert_passed(reports(kernels, op, direction, case), f"{shape.label} {direction}")
+    assert ran and all(name.endswith(f"_{direction}_odd") for name in ran), ran
+
+
+def test_realigned_rows_are_16_bit_odd_contiguous_and_aligned():
+    """Which rows the realigned kernels take: 16-bit, a length in REALIGNED_N that fills no whole
+    vectors, (M, N) rows, every row tensor contiguous from a 16-byte aligned start."""
+    x = torch.empty(33, 4001, dtype=torch.bfloat16)
+    assert kernels._realigned("rmsnorm", "fwd", x).kernel == "rmsnorm_fwd_odd"
+    assert kernels._realigned("add_rmsnorm", "bwd", x, torch.empty_like(x)).kernel == "rmsnorm_bwd_odd"
+    assert kernels._realigned("layernorm", "bwd", x.half(), torch.empty_like(x.half())).kernel == "layernorm_bwd_odd"
+    assert kernels._realigned("rmsnorm", "fwd", x.float()) is None  # fp32: 4 bytes an access already
+    assert kernels._realigned("rmsnorm", "fwd", torch.empty(33, 4096, dtype=torch.bfloat16)) is None
+    assert kernels._realigned("rmsnorm", "fwd", torch.empty(33, 1001, dtype=torch.bfloat16)) is None  # below the range
+    assert kernels._realigned("rmsnorm", "fwd", torch.empty(33, 9001, dtype=torch.bfloat16)) is None  # above it
+    assert kernels._realigned("rmsnorm", "fwd", torch.empty(0, 4001, dtype=torch.bfloat16)) is None
+    assert kernels._realigned("rmsnorm", "fwd", torch.empty(3, 11, 4001, dtype=torch.bfloat16)) is None  # (T, H, N)
+    assert kernels._realigned("rmsnorm", "fwd", torch.empty(33, 4008, dtype=torch.bfloat16)[:, :4001]) is None
+    shifted = torch.empty(33 * 4001 + 1, dtype=torch.bfloat16)[1:].view(33, 4001)
+    assert kernels._realigned("rmsnorm", "bwd", x, shifted) is None
+    choice = configs.realigned_default("rmsnorm", "fwd", 4001)
+    for m in (1, 9, 37, 10**6):  # a multiple of the vector: a program's rows share their offset
+        programs = configs.realigned_programs(choice, m, 8, torch.device("cpu"))
+        assert programs % 8 == 0 and programs >= 8
+
+
+def test_realigned_kernels_move_whole_vectors():
+    """The realigned kernels' generated Triton, built for sm_90a at N = 4001 with their default
+    configs: 16-byte loads and stores, where the element-wise kernels the same rows take without
+    them have none. Built in a process of its own: this one may run Triton's interpreter, which
+    cannot compile."""
+    import json
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    proc = subprocess.run([sys.executable, "-m", "impls.helion.sm90a_build", "--vectors", "4001"], env=env,
+                          check=False, capture_output=True, text=True, timeout=900)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    vectors = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert len(vectors) == 6, vectors
+    for key, (realigned, element_wise) in vectors.items():
+        assert realigned > 0 and element_wise == 0, (key, realigned, element_wise)

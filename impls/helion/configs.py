@@ -46,6 +46,13 @@ pinned for rows of N, reshaped by ``heads_config``: the same rows per program an
 many of them heads as H allows. Their block sizes count tokens and heads, so one config serves
 every (T, H) of a model without a table of its own.
 
+The realigned kernels (``kernels.py``, ``*_odd``: 16-bit rows of 1024 < N <= 8192 that fill no
+whole 16-byte vectors) have a table of their own, configs.json's ``realigned``: GPU -> "<op>_<
+direction>" -> N bucket -> ``{"kernel", "config", "programs_per_sm"}``, add_rmsnorm falling back to
+rmsnorm's entry; without one, ``realigned_default()``. ``programs_per_sm`` sizes their persistent
+grid (``realigned_programs``). Searched by tools/experiments/helion-odd-rows/explore.py
+(``normbench tune`` leaves the table alone).
+
 On the CPU nothing is compiled: ``launch()`` runs the same kernel code in Helion's eager reference
 mode (what HELION_INTERPRET=1 selects; here it is chosen by the tensors' device, so it does not
 matter what the environment said when this package was imported), and configs play no part.
@@ -83,6 +90,8 @@ class Pinned:
     source: str = "default"  # "tuned", "tuned for <dtype>" or "default"
     # the split backward's first kernel (the per-row sums) has a config of its own
     first_pass: dict | None = field(default=None, hash=False)
+    # the realigned kernels' persistent grid: programs per SM (see realigned_programs)
+    programs_per_sm: int | None = None
 
     def helion_config(self) -> Config:
         return Config(**self.config)
@@ -90,11 +99,13 @@ class Pinned:
     def entry(self) -> dict:
         """The configs.json form."""
         out = {"kernel": self.kernel, "config": self.config}
+        if self.programs_per_sm is not None:
+            out["programs_per_sm"] = self.programs_per_sm
         return out if self.first_pass is None else {**out, "first_pass": self.first_pass}
 
     @staticmethod
     def from_entry(hit: dict, source: str) -> "Pinned":
-        return Pinned(hit["kernel"], hit["config"], source, hit.get("first_pass"))
+        return Pinned(hit["kernel"], hit["config"], source, hit.get("first_pass"), hit.get("programs_per_sm"))
 
 
 def _next_pow2(n: int) -> int:
@@ -182,9 +193,10 @@ def table() -> dict:
 
 
 def reload() -> None:
-    global _TABLE
-    _TABLE = None
+    global _TABLE, _REALIGNED
+    _TABLE = _REALIGNED = None
     _CHOICE.clear()
+    _CHOICE_ODD.clear()
     _FEW_ROWS.clear()
 
 
@@ -237,6 +249,96 @@ def _warn_once(key, message: str) -> None:
     if key not in _WARNED:
         _WARNED.add(key)
         warnings.warn(message, stacklevel=4)
+
+
+# ---------------------------------------------------------------- realigned rows
+# Row lengths (lo, hi] that take the realigned kernels when they fill no whole 16-byte vectors: the
+# whole-row buckets above 1024 (the Triton kernels' realigned tables cover the same), where a row is
+# long enough for its body to be most of it and short enough to stay in registers.
+REALIGNED_N = (1024, 8192)
+_REALIGNED: dict | None = None
+
+
+def is_odd(n: int, dtype: torch.dtype) -> bool:
+    """16-bit rows of ``n`` elements that fill no whole 16-byte vectors, of a length the realigned
+    kernels take. fp32 rows are not: their element-wise accesses already move 4 bytes each."""
+    return dtype.itemsize == 2 and n % 8 != 0 and REALIGNED_N[0] < n <= REALIGNED_N[1]
+
+
+def realigned_default(op: str, direction: str, n: int) -> Pinned:
+    """The realigned kernels' config from N: rows of up to 4096 two to a forward step on 4 warps
+    with two programs per SM, longer ones one a step on 8 warps, one program per SM; the backward
+    one row a step (its accumulators take the registers a second row would). The Triton realigned
+    kernels' H100 pins at N = 2048-8192 (about 32-64 elements a thread)."""
+    family = "rmsnorm" if op == "add_rmsnorm" else op
+    short = _next_pow2(n) <= 4096
+    rows = 2 if direction == "fwd" and short else 1
+    warps = 4 if short and (direction == "fwd" or _next_pow2(n) <= 2048) else 8
+    return Pinned(f"{family}_{direction}_odd", {"block_sizes": [rows], "num_warps": warps}, programs_per_sm=2 if short else 1)
+
+
+def realigned_table() -> dict:
+    """configs.json's ``realigned`` mapping: GPU -> "<op>_<direction>" (add_rmsnorm has its own)
+    -> N bucket -> ``{"kernel", "config", "programs_per_sm"}``, for 16-bit rows (bf16 and fp16 move
+    the same bytes)."""
+    global _REALIGNED
+    if _REALIGNED is None:
+        _REALIGNED = json.loads(CONFIG_FILE.read_text()).get("realigned", {}) if CONFIG_FILE.exists() else {}
+    return _REALIGNED
+
+
+def realigned_pinned(op: str, direction: str, n: int, gpu: str, capability=None) -> Pinned:
+    """The realigned kernels' config for rows of n: this GPU's (or one of the same compute
+    capability's) entry for the op at N's bucket, add_rmsnorm falling back to rmsnorm's, else
+    ``realigned_default`` (no warning: the default is measured on Triton's twin kernels)."""
+    try:
+        table_gpu, how = table_for(gpu, realigned_table(), capability)
+    except ValueError:  # a GPU named by the environment with no realigned entries: the default
+        table_gpu, how = None, "heuristic"
+    entries = realigned_table().get(table_gpu, {}) if table_gpu else {}
+    for key in (f"{op}_{direction}", f"rmsnorm_{direction}" if op == "add_rmsnorm" else None):
+        by_n = entries.get(key or "", {})
+        b = bucket(n, [int(k) for k in by_n])
+        if b is not None:
+            return Pinned.from_entry(by_n[str(b)], "tuned" if how == "tuned" else f"tuned, {how}")
+    return realigned_default(op, direction, n)
+
+
+_CHOICE_ODD: dict[tuple, Pinned] = {}
+
+
+def choose_realigned(op: str, direction: str, x: torch.Tensor) -> Pinned:
+    """``realigned_pinned`` for inputs like x, cached per device; on the CPU the default (eager
+    mode: block sizes play no part)."""
+    key = (op, direction, x.shape[-1], x.device)
+    choice = _CHOICE_ODD.get(key)
+    if choice is None:
+        if x.device.type != "cuda":
+            choice = realigned_default(op, direction, x.shape[-1])
+        else:
+            gpu = torch.cuda.get_device_name(x.device)
+            choice = realigned_pinned(op, direction, x.shape[-1], gpu, capability_of(x.device))
+        _CHOICE_ODD[key] = choice
+    return choice
+
+
+def realigned_programs(choice: Pinned, m: int, vec: int, device) -> int:
+    """The realigned kernels' persistent grid: a multiple of ``vec``, so that all of a program's
+    rows start at one offset within a vector; ``programs_per_sm`` per SM rounded down (rounded up,
+    the programs past what the SMs hold run as a second wave), no more than the row tiles need,
+    at least one vector's worth. The CPU counts as one SM."""
+    rows = choice.config["block_sizes"][0]
+    sms = sm_count(device)
+    programs = min((choice.programs_per_sm or 1) * sms // vec, -(-(-(-m // rows)) // vec))
+    return max(programs, 1) * vec
+
+
+def sm_count(device) -> int:
+    if device.type != "cuda":
+        return 1
+    if device not in _SMS:
+        _SMS[device] = torch.cuda.get_device_properties(device).multi_processor_count
+    return _SMS[device]
 
 
 # ---------------------------------------------------------------- launching
@@ -331,6 +433,9 @@ def source(op: str, direction: str, n: int, dtype: str, device) -> str:
         return "interpreter"
     if op in FP8_OPS:  # every FP8 record runs the one FP8 entry's config (fp8.py)
         return pinned(FP8_ENTRY, n, dtype, torch.cuda.get_device_name(device), capability_of(device)).source
+    if dtype in SAME_SIZE and is_odd(n, torch.bfloat16):  # (M, N) rows take the realigned kernels
+        gpu = torch.cuda.get_device_name(device)
+        return "realigned, " + realigned_pinned(op, direction, n, gpu, capability_of(device)).source
     entry = f"{'rmsnorm' if op == 'add_rmsnorm' else op}_{direction}"
     rows = FUSED_ADD_ROWS[direction] if op == "add_rmsnorm" else 1.0  # the benchmark's backward has a dresidual_out
     return fused_pinned(entry, n, dtype, torch.cuda.get_device_name(device), capability_of(device), rows).source

@@ -77,6 +77,28 @@ per program and per step spread over tokens and heads (``configs.heads_config``)
 (T, H, N), their statistics (T, H), returned as (M,). Rows too wide to stay resident in the
 backward (the split kernels) are copied to (M, N) first.
 
+Realigned rows (``*_odd``): a 16-bit row whose length is no multiple of a 16-byte vector (N = 4001)
+starts anywhere within a vector, so the kernels above move it element-wise (a 2-byte access per
+element keeps the load/store units, not DRAM, busy). The realigned kernels read and write each
+row's body in whole vectors from its first aligned element, and its head and tail (under a vector
+each) as one short element-wise edge vector. They index flat views of the row tensors with
+computed offsets (``hl.load`` / ``hl.store`` with index tensors); the body's offset is written as
+the row's offset rounded up to a multiple of the vector, ``(e + vec - 1) // vec * vec``, so that
+Triton's alignment analysis sees the divisibility and emits 16-byte loads and stores (it cannot
+see it through a per-row shift read from memory). The body then sits in shifted columns, so the
+weight (and bias) and the dw (and db) accumulators are shifted alike. A row r starts (r * N) mod 8
+elements into a vector, so a persistent program walking rows p, p + G, p + 2G, ... with G a
+multiple of 8 keeps one shift: one shifted weight, loaded once, and one shifted partial row,
+written back in column order at the end. G is ``programs_per_sm`` per SM rounded down to a
+multiple of 8 (rounded up, the extra programs would run as a second wave). They take (M, N)
+rows of 1024 < N <= 8192 (whole rows in registers), every row tensor contiguous from a 16-byte
+aligned start, so that a row starts at the same offset in all of them; other rows, fp32 rows
+(4 bytes an access already) and per-head views keep the kernels above.
+
+The price is batch invariance at those widths: which columns are body and which edge depends on
+where a row starts, so its sums can round differently at another place in the batch (the Triton
+realigned kernels pay the same; exact sums cost more than the vectors gain there).
+
 Row means are written ``torch.sum(...) / n``, not ``torch.mean``: in a kernel that also holds an
 [n]-sized accumulator, Helion 1.4 and 1.5 divide a ``torch.mean`` by the row length padded to a
 power of two (1024 for N = 1000).
@@ -90,7 +112,7 @@ import helion.language as hl
 import torch
 from triton.runtime.errors import OutOfResources
 
-from .configs import FUSED_ADD_ROWS, choose, heads_config, launch
+from .configs import FUSED_ADD_ROWS, choose, choose_realigned, heads_config, is_odd, launch, realigned_programs
 from .imports import RefMode, kernel
 
 __all__ = ["rmsnorm_fwd", "rmsnorm_bwd", "layernorm_fwd", "layernorm_bwd", "add_rmsnorm_fwd", "add_rmsnorm_bwd"]
@@ -276,6 +298,10 @@ def rmsnorm_bwd_heads(
 
 def add_rmsnorm_fwd(x, residual, weight, eps):
     residual_out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    odd = _realigned("add_rmsnorm", "fwd", x, residual, residual_out)
+    if odd:
+        y, rstd = _launch_realigned(odd, rmsnorm_fwd_odd, x, residual, residual_out, weight, eps)
+        return y, residual_out, rstd
     if x.dim() == 3:
         y, rstd = _fwd_heads(rmsnorm_fwd_heads, "rmsnorm_fwd", x, residual, residual_out, weight, eps)
         return y, residual_out, rstd
@@ -284,6 +310,9 @@ def add_rmsnorm_fwd(x, residual, weight, eps):
 
 
 def rmsnorm_fwd(x, weight, eps):
+    odd = _realigned("rmsnorm", "fwd", x)
+    if odd:
+        return _launch_realigned(odd, rmsnorm_fwd_odd, x, None, None, weight, eps)
     if x.dim() == 3:
         return _fwd_heads(rmsnorm_fwd_heads, "rmsnorm_fwd", x, None, None, weight, eps)
     return launch(rmsnorm_fwd_kernel, choose("rmsnorm_fwd", x).config, x, None, None, weight, eps)
@@ -322,6 +351,10 @@ def add_rmsnorm_bwd(dy, dresidual_out, residual_out, weight, rstd):
     """A config tuned for RMSNorm's two row tensors can ask more shared memory than the fused
     backward's three get (fp32 rows, for one): then the config of rows twice as long is taken, down
     to the column-split kernel, and remembered per N and dtype."""
+    odd = _realigned("rmsnorm" if dresidual_out is None else "add_rmsnorm", "bwd", residual_out, dy, dresidual_out)
+    if odd:
+        dx, dw_partial = _launch_realigned(odd, rmsnorm_bwd_odd, dy, dresidual_out, residual_out, weight, rstd)
+        return dx, dw_partial.sum(0).to(weight.dtype) if weight is not None else None
     if residual_out.dim() == 3:  # (T, H, N) rows: read in place, unless too wide to stay resident
         choice = choose("rmsnorm_bwd", residual_out)
         if choice.kernel != rmsnorm_bwd_split.name:
@@ -537,14 +570,20 @@ def layernorm_bwd_heads(
 
 
 def layernorm_fwd(x, weight, bias, eps):
+    odd = _realigned("layernorm", "fwd", x)
+    if odd:
+        return _launch_realigned(odd, layernorm_fwd_odd, x, weight, bias, eps)
     if x.dim() == 3:
         return _fwd_heads(layernorm_fwd_heads, "layernorm_fwd", x, weight, bias, eps)
     return launch(layernorm_fwd_kernel, choose("layernorm_fwd", x).config, x, weight, bias, eps)
 
 
 def layernorm_bwd(dy, x, weight, mean, rstd):
-    choice = choose("layernorm_bwd", x)
-    if choice.kernel == layernorm_bwd_heads.name or (x.dim() == 3 and choice.kernel != layernorm_bwd_split.name):
+    odd = _realigned("layernorm", "bwd", x, dy)
+    choice = odd or choose("layernorm_bwd", x)
+    if odd:
+        dx, dw_partial, db_partial = _launch_realigned(odd, layernorm_bwd_odd, dy, x, weight, mean, rstd)
+    elif choice.kernel == layernorm_bwd_heads.name or (x.dim() == 3 and choice.kernel != layernorm_bwd_split.name):
         flat = x.dim() == 2
         if flat:
             dy, x = _as_heads(dy, x)
@@ -565,3 +604,260 @@ def layernorm_bwd(dy, x, weight, mean, rstd):
     param_dtype = weight.dtype if weight is not None else x.dtype
     dw = dw_partial.sum(0).to(param_dtype) if weight is not None else None
     return dx, dw, db_partial.sum(0).to(param_dtype)
+
+
+# ================================================================================ realigned rows
+def _odd_columns(program, n: int, vec: int):
+    """A realigned program's columns (see the module docstring): (head, j, the body's lanes, the
+    edge's columns, its lanes). Its rows start ``head`` elements before their first whole vector,
+    the body (a multiple of ``vec`` columns, column head + j at lane j) follows, and the head and
+    tail (under ``vec`` each) form one short edge vector."""
+    head = (vec - program * n % vec) % vec
+    body = (n - head) // vec * vec
+    j = hl.arange(1 << (n - 1).bit_length())
+    k = hl.arange(2 * vec)
+    return head, j, j < body, k + torch.where(k >= head, body, 0), k < n - body
+
+
+def _odd_tile(rows, m, n: int, vec: int, j, in_body, edge_cols, in_edge):
+    """Flat offsets of a tile of realigned rows: (row lanes, body offsets, edge offsets, body mask,
+    edge mask). The body starts at the row's offset rounded up to a multiple of ``vec``, written as
+    such so that the Triton compiler sees the alignment and moves whole 16-byte vectors. (Outside
+    the kernel body Helion traces ``[:, None]`` as a slice it cannot lower: hence ``unsqueeze``.)"""
+    in_rows = rows < m
+    at = rows * n
+    body_at = ((at + vec - 1) // vec * vec).unsqueeze(1) + j.unsqueeze(0)
+    edge_at = at.unsqueeze(1) + edge_cols.unsqueeze(0)
+    return in_rows, body_at, edge_at, in_rows.unsqueeze(1) & in_body.unsqueeze(0), in_rows.unsqueeze(1) & in_edge.unsqueeze(0)
+
+
+def _load_shifted(p, head, j, in_body, edge_cols, in_edge):
+    """A per-column vector (weight, bias) in a realigned program's columns: (body, edge), fp32."""
+    body = hl.load(p, [head + j], extra_mask=in_body).to(torch.float32)
+    return body.unsqueeze(0), hl.load(p, [edge_cols], extra_mask=in_edge).to(torch.float32).unsqueeze(0)
+
+
+def _load_split(flat, body_at, edge_at, mask_b, mask_e):
+    """A tile of realigned rows, fp32: (body, edge); lanes outside the rows read 0."""
+    body = hl.load(flat, [body_at], extra_mask=mask_b).to(torch.float32)
+    return body, hl.load(flat, [edge_at], extra_mask=mask_e).to(torch.float32)
+
+
+def _store_split(flat, body_at, edge_at, mask_b, mask_e, body, edge):
+    hl.store(flat, [body_at], body.to(flat.dtype), extra_mask=mask_b)
+    hl.store(flat, [edge_at], edge.to(flat.dtype), extra_mask=mask_e)
+
+
+def _row_sum(body, edge):
+    """Per row, the sum of a realigned row's body and edge terms. Which columns are which depends
+    on where the row starts within a vector, so the same row elsewhere in the batch can round
+    differently (see the module docstring)."""
+    return torch.sum(body, dim=-1) + torch.sum(edge, dim=-1)
+
+
+def _flat(t):
+    return None if t is None else t.view(-1)
+
+
+@kernel(**COMPILED)
+def rmsnorm_fwd_odd(
+    x: torch.Tensor,
+    residual: torch.Tensor | None,
+    residual_out: torch.Tensor | None,
+    weight: torch.Tensor | None,
+    eps: float,
+    programs: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """rmsnorm_fwd_kernel on realigned rows: program p of ``programs`` (a multiple of the vector)
+    takes rows p, p + programs, ..., a tile of them at a time (see the module docstring)."""
+    m, n = x.size()
+    n = hl.specialize(n)
+    vec = 16 // x.itemsize
+    y = torch.empty([m, n], dtype=x.dtype, device=x.device)
+    rstd = torch.empty([m], dtype=torch.float32, device=x.device)
+    x_flat, y_flat, r_flat, h_flat = _flat(x), _flat(y), _flat(residual), _flat(residual_out)
+    slots = (m + programs - 1) // programs
+    for p in hl.grid(programs):
+        head, j, in_body, edge_cols, in_edge = _odd_columns(p, n, vec)
+        if weight is not None:
+            w_body, w_edge = _load_shifted(weight, head, j, in_body, edge_cols, in_edge)
+        for slot in hl.tile(slots):
+            rows = p + slot.index * programs
+            in_rows, body_at, edge_at, mask_b, mask_e = _odd_tile(rows, m, n, vec, j, in_body, edge_cols, in_edge)
+            xb, xe = _load_split(x_flat, body_at, edge_at, mask_b, mask_e)
+            if residual is not None:
+                rb, re = _load_split(r_flat, body_at, edge_at, mask_b, mask_e)
+                hb, he = (xb + rb).to(x.dtype), (xe + re).to(x.dtype)
+                _store_split(h_flat, body_at, edge_at, mask_b, mask_e, hb, he)
+                xb, xe = hb.to(torch.float32), he.to(torch.float32)
+            ms = _row_sum(xb * xb, xe * xe) / n
+            rstd_rows = torch.where(ms < float("inf"), torch.rsqrt(ms + eps), float("nan"))
+            yb, ye = xb * rstd_rows[:, None], xe * rstd_rows[:, None]
+            if weight is not None:
+                yb, ye = yb * w_body, ye * w_edge
+            _store_split(y_flat, body_at, edge_at, mask_b, mask_e, yb, ye)
+            hl.store(rstd, [rows], rstd_rows, extra_mask=in_rows)
+    return y, rstd
+
+
+@kernel(**COMPILED)
+def rmsnorm_bwd_odd(
+    dy: torch.Tensor,
+    dresidual: torch.Tensor | None,
+    x: torch.Tensor,
+    weight: torch.Tensor | None,
+    rstd: torch.Tensor,
+    programs: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """rmsnorm_bwd_resident on realigned rows (rows as in rmsnorm_fwd_odd): dw accumulates in the
+    program's shifted columns and is written to its partial row in column order."""
+    m, n = x.size()
+    n = hl.specialize(n)
+    vec = 16 // x.itemsize
+    dx = torch.empty([m, n], dtype=x.dtype, device=x.device)
+    dw_partial = torch.empty([programs, n], dtype=torch.float32, device=x.device)
+    dy_flat, x_flat, dres_flat, dx_flat = _flat(dy), _flat(x), _flat(dresidual), _flat(dx)
+    slots = (m + programs - 1) // programs
+    for p in hl.grid(programs):
+        head, j, in_body, edge_cols, in_edge = _odd_columns(p, n, vec)
+        if weight is not None:
+            w_body, w_edge = _load_shifted(weight, head, j, in_body, edge_cols, in_edge)
+        dw_body = hl.zeros([j.size(0)], dtype=torch.float32)
+        dw_edge = hl.zeros([2 * vec], dtype=torch.float32)
+        for slot in hl.tile(slots):
+            rows = p + slot.index * programs
+            in_rows, body_at, edge_at, mask_b, mask_e = _odd_tile(rows, m, n, vec, j, in_body, edge_cols, in_edge)
+            rstd_rows = hl.load(rstd, [rows], extra_mask=in_rows)[:, None]
+            xb, xe = _load_split(x_flat, body_at, edge_at, mask_b, mask_e)
+            dyb, dye = _load_split(dy_flat, body_at, edge_at, mask_b, mask_e)
+            xhat_b, xhat_e = xb * rstd_rows, xe * rstd_rows
+            gb, ge = dyb, dye
+            if weight is not None:
+                gb, ge = dyb * w_body, dye * w_edge
+            c = _row_sum(gb * xhat_b, ge * xhat_e) / n
+            dxb, dxe = (gb - xhat_b * c[:, None]) * rstd_rows, (ge - xhat_e * c[:, None]) * rstd_rows
+            if dresidual is not None:
+                dres_b, dres_e = _load_split(dres_flat, body_at, edge_at, mask_b, mask_e)
+                dxb, dxe = dxb + dres_b, dxe + dres_e
+            _store_split(dx_flat, body_at, edge_at, mask_b, mask_e, dxb, dxe)
+            if weight is not None:
+                dw_body = dw_body + torch.sum(dyb * xhat_b, dim=0)
+                dw_edge = dw_edge + torch.sum(dye * xhat_e, dim=0)
+        hl.store(dw_partial, [p, head + j], dw_body, extra_mask=in_body)
+        hl.store(dw_partial, [p, edge_cols], dw_edge, extra_mask=in_edge)
+    return dx, dw_partial
+
+
+@kernel(**COMPILED)
+def layernorm_fwd_odd(
+    x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None, eps: float, programs: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """layernorm_fwd_kernel on realigned rows (rows as in rmsnorm_fwd_odd)."""
+    m, n = x.size()
+    n = hl.specialize(n)
+    vec = 16 // x.itemsize
+    y = torch.empty([m, n], dtype=x.dtype, device=x.device)
+    mean = torch.empty([m], dtype=torch.float32, device=x.device)
+    rstd = torch.empty([m], dtype=torch.float32, device=x.device)
+    x_flat, y_flat = _flat(x), _flat(y)
+    slots = (m + programs - 1) // programs
+    for p in hl.grid(programs):
+        head, j, in_body, edge_cols, in_edge = _odd_columns(p, n, vec)
+        if weight is not None:
+            w_body, w_edge = _load_shifted(weight, head, j, in_body, edge_cols, in_edge)
+        if bias is not None:
+            b_body, b_edge = _load_shifted(bias, head, j, in_body, edge_cols, in_edge)
+        for slot in hl.tile(slots):
+            rows = p + slot.index * programs
+            in_rows, body_at, edge_at, mask_b, mask_e = _odd_tile(rows, m, n, vec, j, in_body, edge_cols, in_edge)
+            xb, xe = _load_split(x_flat, body_at, edge_at, mask_b, mask_e)
+            mean_rows = _row_sum(xb, xe) / n
+            # centred lanes outside the row would be -mean: zero them before the squares
+            xcb = torch.where(mask_b, xb - mean_rows[:, None], 0.0)
+            xce = torch.where(mask_e, xe - mean_rows[:, None], 0.0)
+            var = _row_sum(xcb * xcb, xce * xce) / n
+            rstd_rows = torch.where(var < float("inf"), torch.rsqrt(var + eps), float("nan"))
+            yb, ye = xcb * rstd_rows[:, None], xce * rstd_rows[:, None]
+            if weight is not None:
+                yb, ye = yb * w_body, ye * w_edge
+            if bias is not None:
+                yb, ye = yb + b_body, ye + b_edge
+            _store_split(y_flat, body_at, edge_at, mask_b, mask_e, yb, ye)
+            hl.store(mean, [rows], mean_rows, extra_mask=in_rows)
+            hl.store(rstd, [rows], rstd_rows, extra_mask=in_rows)
+    return y, mean, rstd
+
+
+@kernel(**COMPILED)
+def layernorm_bwd_odd(
+    dy: torch.Tensor,
+    x: torch.Tensor,
+    weight: torch.Tensor | None,
+    mean: torch.Tensor,
+    rstd: torch.Tensor,
+    programs: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """layernorm_bwd_resident on realigned rows (rows as in rmsnorm_fwd_odd), dw and db accumulated
+    in the program's shifted columns and written to its partial rows in column order."""
+    m, n = x.size()
+    n = hl.specialize(n)
+    vec = 16 // x.itemsize
+    dx = torch.empty([m, n], dtype=x.dtype, device=x.device)
+    dw_partial = torch.empty([programs, n], dtype=torch.float32, device=x.device)
+    db_partial = torch.empty([programs, n], dtype=torch.float32, device=x.device)
+    dy_flat, x_flat, dx_flat = _flat(dy), _flat(x), _flat(dx)
+    slots = (m + programs - 1) // programs
+    for p in hl.grid(programs):
+        head, j, in_body, edge_cols, in_edge = _odd_columns(p, n, vec)
+        if weight is not None:
+            w_body, w_edge = _load_shifted(weight, head, j, in_body, edge_cols, in_edge)
+        dw_body = hl.zeros([j.size(0)], dtype=torch.float32)
+        dw_edge = hl.zeros([2 * vec], dtype=torch.float32)
+        db_body = hl.zeros([j.size(0)], dtype=torch.float32)
+        db_edge = hl.zeros([2 * vec], dtype=torch.float32)
+        for slot in hl.tile(slots):
+            rows = p + slot.index * programs
+            in_rows, body_at, edge_at, mask_b, mask_e = _odd_tile(rows, m, n, vec, j, in_body, edge_cols, in_edge)
+            mean_rows = hl.load(mean, [rows], extra_mask=in_rows)[:, None]
+            rstd_rows = hl.load(rstd, [rows], extra_mask=in_rows)[:, None]
+            xb, xe = _load_split(x_flat, body_at, edge_at, mask_b, mask_e)
+            dyb, dye = _load_split(dy_flat, body_at, edge_at, mask_b, mask_e)
+            # lanes outside the row: x = 0 gives xhat = -mean * rstd there, but dy (hence g) is 0
+            xhat_b, xhat_e = (xb - mean_rows) * rstd_rows, (xe - mean_rows) * rstd_rows
+            gb, ge = dyb, dye
+            if weight is not None:
+                gb, ge = dyb * w_body, dye * w_edge
+            c_xhat = _row_sum(gb * xhat_b, ge * xhat_e) / n
+            c_mean = _row_sum(gb, ge) / n
+            dxb = (gb - c_mean[:, None] - xhat_b * c_xhat[:, None]) * rstd_rows
+            dxe = (ge - c_mean[:, None] - xhat_e * c_xhat[:, None]) * rstd_rows
+            _store_split(dx_flat, body_at, edge_at, mask_b, mask_e, dxb, dxe)
+            if weight is not None:
+                dw_body = dw_body + torch.sum(dyb * xhat_b, dim=0)
+                dw_edge = dw_edge + torch.sum(dye * xhat_e, dim=0)
+            db_body = db_body + torch.sum(dyb, dim=0)
+            db_edge = db_edge + torch.sum(dye, dim=0)
+        hl.store(dw_partial, [p, head + j], dw_body, extra_mask=in_body)
+        hl.store(dw_partial, [p, edge_cols], dw_edge, extra_mask=in_edge)
+        hl.store(db_partial, [p, head + j], db_body, extra_mask=in_body)
+        hl.store(db_partial, [p, edge_cols], db_edge, extra_mask=in_edge)
+    return dx, dw_partial, db_partial
+
+
+def _realigned(op: str, direction: str, x, *rows):
+    """The realigned kernels' choice where they take these row tensors, else None: 16-bit rows of
+    a length that fills no whole 16-byte vectors (``configs.is_odd``), (M, N) rows rather than
+    per-head views, and every row tensor contiguous with a 16-byte aligned start, so that a row
+    starts at the same offset within a vector in all of them."""
+    if x.dim() != 2 or not x.shape[0] or not is_odd(x.shape[1], x.dtype):
+        return None
+    if any(t is not None and (not t.is_contiguous() or t.data_ptr() % 16) for t in (x, *rows)):
+        return None
+    return choose_realigned(op, direction, x)
+
+
+def _launch_realigned(choice, kernel, *args):
+    """``kernel`` (a ``*_odd`` one) on its persistent grid (``configs.realigned_programs``); the
+    first argument is the row tensor whose rows it walks."""
+    x = args[0]
+    return launch(kernel, choice.config, *args, realigned_programs(choice, x.shape[0], 16 // x.element_size(), x.device))

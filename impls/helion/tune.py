@@ -305,7 +305,10 @@ def _dump(data: dict) -> str:
                 lines.append("        }" + ("," if di < len(dtypes) - 1 else ""))
             lines.append("      }" + ("," if ei < len(entries) - 1 else ""))
         lines.append("    }" + ("," if gi < len(gpus) - 1 else ""))
-    lines += ["  }", "}", ""]
+    lines.append("  }," if "realigned" in data else "  }")
+    if "realigned" in data:  # the realigned kernels' table (configs.py), carried as it is
+        lines.append(f'  "realigned": {json.dumps(data["realigned"], indent=1)}')
+    lines += ["}", ""]
     text = "\n".join(lines)
     assert json.loads(text) == data
     return text
