@@ -306,8 +306,19 @@ def _dump(data: dict) -> str:
             lines.append("      }" + ("," if ei < len(entries) - 1 else ""))
         lines.append("    }" + ("," if gi < len(gpus) - 1 else ""))
     lines.append("  }," if "realigned" in data else "  }")
-    if "realigned" in data:  # the realigned kernels' table (configs.py), carried as it is
-        lines.append(f'  "realigned": {json.dumps(data["realigned"], indent=1)}')
+    if "realigned" in data:  # the realigned kernels' table (configs.py): GPU -> op_direction -> bucket
+        lines.append('  "realigned": {')
+        gpus = list(data["realigned"].items())
+        for gi, (gpu, entries) in enumerate(gpus):
+            lines.append(f"    {json.dumps(gpu)}: {{")
+            for ei, (entry, buckets) in enumerate(sorted(entries.items())):
+                lines.append(f"      {json.dumps(entry)}: {{")
+                items = sorted(buckets.items(), key=lambda kv: int(kv[0]))
+                for bi, (n, hit) in enumerate(items):
+                    lines.append(f"        {json.dumps(n)}: {json.dumps(hit)}" + ("," if bi < len(items) - 1 else ""))
+                lines.append("      }" + ("," if ei < len(entries) - 1 else ""))
+            lines.append("    }" + ("," if gi < len(gpus) - 1 else ""))
+        lines.append("  }")
     lines += ["}", ""]
     text = "\n".join(lines)
     assert json.loads(text) == data

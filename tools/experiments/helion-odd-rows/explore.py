@@ -1,7 +1,8 @@
 """Helion's realigned kernels (``impls/helion/kernels.py``, ``*_odd``) for rows whose length is no
 multiple of a 16-byte vector: each candidate config checked against the fp64 reference (512 rows:
-every offset within a vector), then timed at N = 4001, M = 33546 (M * N ~ 2^27), bf16, for the six
-(op, direction) pairs, against the element-wise kernels the same rows take without them.
+every offset within a vector), then timed at N = 4001 (or ODD_N), M * N ~ 2^27, bf16, for the six
+(op, direction) pairs (or PAIRS: "layernorm_bwd,..."), against the element-wise kernels the same
+rows take without them. GRID="rows,warps,programs;..." replaces the candidates beside the default.
 
 python tools/experiments/helion-odd-rows/explore.py OUT [BUDGET_S]
     -> OUT/results.json (every candidate: config, check, compile + first call s, ms, fraction of
@@ -36,14 +37,19 @@ from harness.spec.roofline import bytes_moved
 from harness.spec.shapes import Shape
 from impls.helion import configs, kernels
 
-N, M, DTYPE = 4001, 33546, "bf16"
-PAIRS = [(op, d) for d in ("fwd", "bwd") for op in ("rmsnorm", "layernorm", "add_rmsnorm")]
+N = int(os.environ.get("ODD_N", "4001"))
+M, DTYPE = 2**27 // N, "bf16"
+PAIRS = [(op, d) for d in ("fwd", "bwd") for op in ("rmsnorm", "layernorm", "add_rmsnorm")
+         if f"{op}_{d}" in os.environ.get("PAIRS", f"{op}_{d}").split(",")]  # fmt: skip
+BUCKET = str(1 << (N - 1).bit_length())
 # (rows a step, warps, programs per SM) beside the default; at N = 4001 (4096 lanes) 4 warps hold
 # 32 elements a thread per row, 8 warps 16
 GRID = {
     "fwd": [(1, 4, 2), (2, 8, 1), (1, 8, 2), (2, 4, 1)],
     "bwd": [(1, 4, 2), (1, 8, 1), (1, 4, 1), (2, 8, 1)],
 }
+if os.environ.get("GRID"):  # "rows,warps,programs;..." for both directions
+    GRID = dict.fromkeys(GRID, [tuple(int(v) for v in c.split(",")) for c in os.environ["GRID"].split(";")])
 
 
 def candidate(op: str, direction: str, rows: int, warps: int, programs_per_sm: int) -> configs.Pinned:
@@ -130,7 +136,7 @@ def main(out_dir: str, budget_s: float = 200.0) -> None:
                 r["ms"].append(round(bench(callables(kernels, op, d, cases[op])), 5))
                 r["frac"] = fraction(r["ms"], r["bytes"], copy_tbps)
         if fastest:
-            best[f"{op}_{d}"] = {"4096": describe(configs.Pinned.from_entry(fastest, "explore")) | {"frac": fastest["frac"]}}
+            best[f"{op}_{d}"] = {BUCKET: describe(configs.Pinned.from_entry(fastest, "explore")) | {"frac": fastest["frac"]}}
             print("best", op, d, fastest["config"], fastest["programs_per_sm"], fastest["frac"],
                   "before", before and before.get("frac"), flush=True)  # fmt: skip
     meta["skipped"] = skipped
