@@ -112,7 +112,7 @@ COMPILES += [(262144, "fp16", "fp16")]
 def test_every_kernel_compiles_for_sm90(cutile_kernels, n, dtype, param_dtype):
     """Each op and direction compiles to an sm_90 cubin through the host code the GPU runs."""
     from impls.cutile import configs
-    from impls.cutile.plan import plan
+    from impls.cutile.plan import plan, realigned
 
     k = cutile_kernels
     shape = REGIMES[n]
@@ -121,11 +121,14 @@ def test_every_kernel_compiles_for_sm90(cutile_kernels, n, dtype, param_dtype):
         with k.compile_only() as compiled:
             call(k, x, dy, w, b, s)
         names = [name for name, _ in compiled]
+        d = direction.split("-")[0]
+        t = configs.choose(op, d, n, x.device)
+        p = plan(d, x.shape[0], n, t)
+        odd = "_odd" if realigned(x.shape[0], n, x.element_size(), p, t) else ""  # 16-bit rows of 1001
         if direction == "fwd":
-            assert names == ["_fwd_kernel"], (op, names)
+            assert names == [f"_fwd{odd}_kernel"], (op, names)
         else:
-            wide = plan("bwd", x.shape[0], n, configs.choose(op, "bwd", n, x.device)).wide
-            assert names == (["_bwd_row_sums_kernel"] if wide else []) + ["_bwd_kernel", "_sum_partials_kernel"], names
+            assert names == (["_bwd_row_sums_kernel"] if p.wide else []) + [f"_bwd{odd}_kernel", "_sum_partials_kernel"], names
         for name, cubin in compiled:
             # an ELF whose e_flags name the SM: 90 in bits 8-15 (sm_90)
             assert cubin[:4] == b"\x7fELF" and len(cubin) > 1000, (op, direction, name)
@@ -474,3 +477,131 @@ def test_every_table_entry_compiles_for_sm90(cutile_kernels, gpu, name, bucket):
         finally:
             P.TUNING = old
         assert compiled and all(c[:4] == b"\x7fELF" for _, c in compiled), (name, n)
+
+
+# ---------------------------------------------------------------------------- realigned rows
+def test_realigned_rows_are_chosen_exactly_where_they_apply():
+    """16-bit rows whose length is no multiple of 8, in one tile, at least ODD_MIN_N wide and 8 rows;
+    not fp32, not N % 8 == 0, not wide rows (chunks, slices), not with ``realign`` off."""
+    from impls.cutile.plan import ODD_MIN_N, Tuning, plan, realigned
+
+    def takes(m, n, itemsize=2, direction="fwd", t=None):
+        return realigned(m, n, itemsize, plan(direction, m, n, t), t)
+
+    for n in (1001, 2999, 4001, 5003, 8191):
+        assert takes(37, n) and takes(33546, n, direction="fwd", t=Tuning(fwd_row_max=8192)), n
+    assert takes(64, 4001, direction="bwd") and not takes(64, 5003, direction="bwd")  # the backward's 4096 tile
+    assert takes(64, 5003, direction="bwd", t=Tuning(bwd_row_max=8192))
+    assert not takes(37, 4000) and not takes(37, 4008) and takes(37, 4004) and takes(37, 4002)
+    assert not takes(37, 4001, itemsize=4) and not takes(7, 4001) and takes(8, 4001)
+    assert not takes(37, ODD_MIN_N - 1) and takes(37, ODD_MIN_N + 1)
+    assert not takes(37, 20001) and not takes(37, 4001, t=Tuning(realign=False))
+
+
+@needs_cutile
+def test_realigned_rows_need_contiguous_aligned_rows():
+    """The tensors' conditions: (M, N) rows of row stride N starting on 16 bytes, every tensor."""
+    from impls.cutile.kernels import takes_realigned
+    from impls.cutile.plan import plan
+
+    p = plan("fwd", 37, 1001)
+    x = torch.zeros(37, 1001, dtype=torch.bfloat16)
+    assert takes_realigned((x, None), 37, 1001, p, None) and takes_realigned((x, x.clone()), 37, 1001, p, None)
+    shifted = torch.zeros(37 * 1001 + 1, dtype=torch.bfloat16)[1:].view(37, 1001)  # 2 bytes off
+    column_slice = torch.zeros(37, 1008, dtype=torch.bfloat16)[:, :1001]
+    for other in (shifted, column_slice):
+        assert not takes_realigned((x, other), 37, 1001, p, None)
+        assert not takes_realigned((other, None), 37, 1001, p, None)
+
+
+def _realigned_rows(x: torch.Tensor, w: torch.Tensor, eps: float, layernorm: bool):
+    """The realigned kernels' forward emulated in torch on the flat array, with ``phase_split`` and
+    ``edge_columns`` (what the kernels compute in cuTile): per phase, the bodies read as rows of
+    stride 8N from an aligned start, the edges element-wise, the weight shifted by the head; y
+    written back through the same offsets. Returns (y, rstd) and the set of offsets written."""
+    from impls.cutile.plan import PHASES, VEC, phase_split, edge_columns
+
+    m, n = x.shape
+    flat, y = x.double().reshape(-1), torch.full((m * n,), float("nan"), dtype=torch.float64)
+    rstd = torch.full((m,), float("nan"), dtype=torch.float64)
+    written = []
+    for phase in range(PHASES):
+        start, head, body = phase_split(phase, n)
+        assert start % VEC == 0 and body % VEC == 0 and 0 <= head < VEC and 0 <= n - head - body < VEC
+        rows = torch.arange(phase, m, PHASES)
+        body_at = start + (rows - phase)[:, None] * n + torch.arange(body)[None, :]  # stride 8N per phase row
+        assert (body_at[:, 0] % VEC == 0).all()
+        edge = torch.tensor(edge_columns(head, body, n), dtype=torch.long)
+        edge_at = rows[:, None] * n + edge[None, :]
+        xb, xe = flat[body_at], flat[edge_at]
+        wb, we = w.double()[head : head + body], w.double()[edge]
+        if layernorm:
+            mean = (xb.sum(1, keepdim=True) + xe.sum(1, keepdim=True)) / n
+            xb, xe = xb - mean, xe - mean
+        r = torch.rsqrt(((xb * xb).sum(1, keepdim=True) + (xe * xe).sum(1, keepdim=True)) / n + eps)
+        y[body_at], y[edge_at] = xb * r * wb, xe * r * we
+        rstd[rows] = r[:, 0]
+        written += body_at.reshape(-1).tolist() + edge_at.reshape(-1).tolist()
+    return y.view(m, n), rstd, written
+
+
+@pytest.mark.parametrize("n", [1001, 2999, 4001, 5002, 5003])
+def test_realigned_layout_covers_every_element_once_and_normalises_rows(n):
+    """The phases' bodies and edges cover every element of 37 rows exactly once, and the per-row
+    sums over body + edge give the fp64 reference's y and rstd."""
+    from harness.spec import reference
+
+    m = 37
+    g = torch.Generator().manual_seed(0)
+    x, w = torch.randn(m, n, generator=g).bfloat16(), torch.randn(n, generator=g).bfloat16()
+    for layernorm in (False, True):
+        y, rstd, written = _realigned_rows(x, w, 1e-5, layernorm)
+        assert sorted(written) == list(range(m * n)), n
+        if layernorm:
+            y_ref, _, rstd_ref = reference.layernorm_fwd(x, w, None, 1e-5)
+        else:
+            y_ref, rstd_ref = reference.rmsnorm_fwd(x, w, 1e-5)
+        torch.testing.assert_close(y, y_ref.double(), rtol=1e-9, atol=1e-9)
+        torch.testing.assert_close(rstd, rstd_ref.double().reshape(-1), rtol=1e-9, atol=1e-9)
+
+
+# every op and direction at two odd widths (1001 is also the compile test's mid-size regime, bf16
+# with fp32 weights there): bf16 with fp32 weights, and fp16 with fp16 weights
+ODD_COMPILES = [(4001, "bf16", "fp32"), (5003, "fp16", "fp16")]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("n,dtype,param_dtype", ODD_COMPILES, ids=[f"{n}-{d}-{p}weight" for n, d, p in ODD_COMPILES])
+def test_realigned_kernels_compile_for_sm90_with_whole_vectors(cutile_kernels, n, dtype, param_dtype):
+    """Each op and direction takes the realigned kernels at odd widths and compiles for sm_90; the
+    forward's bodies move as TMA boxes or 128-bit accesses (read from the SASS where a disassembler
+    is at hand)."""
+    from impls.cutile import configs
+    from impls.cutile.plan import plan
+
+    k = cutile_kernels
+    x, dy, w, b, s = inputs(Shape((37, n)), DTYPES[dtype], DTYPES[param_dtype])
+    nvdisasm = _nvdisasm()
+    for (op, direction), call in CALLS.items():
+        with k.compile_only() as compiled:
+            call(k, x, dy, w, b, s)
+        names = [name for name, _ in compiled]
+        t = configs.choose(op, direction.split("-")[0], n, x.device)
+        if plan(direction.split("-")[0], 37, n, t).wide:
+            assert "_fwd_odd_kernel" not in names and "_bwd_odd_kernel" not in names, (op, direction, names)
+            continue
+        if direction == "fwd":
+            assert names == ["_fwd_odd_kernel"], (op, names)
+        else:
+            assert names == ["_bwd_odd_kernel"] + (["_sum_partials_kernel"] if len(names) > 1 else []), names
+        cubin = compiled[0][1]
+        assert cubin[:4] == b"\x7fELF" and (int.from_bytes(cubin[0x30:0x34], "little") >> 8) & 0xFF == 90
+        if nvdisasm and direction == "fwd" and op == "rmsnorm":
+            import tempfile
+
+            with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+                f.write(cubin)
+                f.flush()
+                sass = subprocess.run([nvdisasm, "-c", f.name], capture_output=True, text=True, check=True).stdout
+            assert "UTMALDG.2D" in sass or "LDG.E.128" in sass, "the bodies' loads are not whole vectors"
+            assert "UTMASTG.2D" in sass or "STG.E.128" in sass, "the bodies' stores are not whole vectors"

@@ -68,8 +68,30 @@ The host's choices (tile rows, a persistent forward grid, TMA, the compiler's oc
 worker-warp hints; ``plan.Tuning``) come from a table per GPU, op, direction and N bucket
 (``configs.py``): on an H100 they took the same kernels from 20-66% of the copy bandwidth to
 72-96% up to N = 8192. TMA wants row strides of whole 16-byte units, which N = 4001 in bf16 does not
-have: it ran at 13-28%, and no host choice tried moved it (TMA on or off for loads and stores,
-tile sizes, worker warps; not profiled).
+have: the row kernels ran at 13-28% there (element-wise 2-byte accesses), and no host choice tried
+moved them (TMA on or off for loads and stores, tile sizes, worker warps).
+
+Realigned rows (16-bit rows whose length is no multiple of 8, contiguous, one tile wide; the
+``_*_odd_kernel`` pair, chosen by ``takes_realigned``):
+
+* Phases: row r starts r * N elements into the array, and 8 rows later 8N further, a whole number
+  of vectors: rows r = i + 8k (phase i) all start at the same place within a vector. From its
+  first whole vector on, a row's body (a multiple of 8 elements) is a row of the (rows, body) array
+  of row stride 8N that ``_phase_body`` makes in the kernel (``Array.slice`` of the flat array at a
+  multiple of 8, re-shaped with ``Array.from_foreign``): its start, strides and shape are
+  multiples of 16 bytes, and cuTile's divisibility analysis sees it, so the bodies move as TMA
+  boxes or 128-bit accesses, as aligned rows do. Nothing is copied.
+* The head and tail (under 8 elements each) travel as one 16-lane edge tile, gathered and
+  scattered element-wise through int32 offsets into the flat array; sums are body + edge.
+* Program p takes phase p mod 8 (the grid is 8 programs per phase group), so its weight, bias and
+  dweight / dbias columns are shifted by the phase's head, once: the weight's body is gathered,
+  stored to the phase's row of an aligned fp32 scratch and loaded back as a tile. Gathered and used
+  directly, its element-wise layout forced every x tile into it through shared memory (2-byte
+  shared loads per element in every row block); loaded, it takes x's layout.
+* Every program writes its partial dweight / dbias row in natural column order (element-wise,
+  once), so ``_sum_partials_kernel`` adds them as it adds the row kernels'.
+* Not batch invariant at these widths: which columns are body and which edge depends on a row's
+  phase, so its sums round differently at another place in the batch.
 
 Without a GPU: cuTile has no CPU interpreter, but ``tileiras`` compiles without one. The tests
 compile every kernel for sm_90 (``compile_only``: the host code below builds the same launches and
@@ -92,7 +114,7 @@ from harness.spec.validation import has_no_row_view
 
 from . import configs
 from . import plan as _plan_module
-from .plan import Plan, backward_groups, forward_programs, next_pow2, plan
+from .plan import PHASES, Plan, backward_groups, forward_programs, next_pow2, plan, realigned, realigned_programs
 
 ConstBool = ct.Constant[bool]
 ConstInt = ct.Constant[int]
@@ -365,6 +387,243 @@ def _sum_partials_kernel(PARTIALS, OUT, BLOCK_P: ConstInt, BLOCK_N: ConstInt):
     ct.store(OUT, index=(k, chunk), tile=ct.astype(total, OUT.dtype))
 
 
+# ============================================================================ realigned rows
+def _odd_split(phase, n):
+    """(start, head, body) of phase ``phase``'s rows (rows r = phase + 8k; 16-bit elements): row
+    r starts r * n = phase * n + 8kn elements into the array, so every row of a phase starts at
+    the same place within a 16-byte vector. Its first whole vector is at ``start`` (a multiple of 8
+    computed as such, so that the compiler sees it) plus 8kn, ``head`` = start - phase * n elements
+    into the row; the ``body`` that follows is a multiple of 8 elements, and what is left (under
+    8) is the tail."""
+    start = ct.cdiv(phase * n, 8) * 8
+    head = start - phase * n
+    return start, head, (n - head) // 8 * 8
+
+
+def _phase_body(A, start, rows, body):
+    """The bodies of one phase's rows of a contiguous (M, N) array as a (rows, body) array of
+    row stride 8N, starting at element ``start``: 16-byte aligned, strides of whole vectors, its
+    shape a multiple of 8 columns, so loads and stores move whole vectors (or TMA boxes). A view
+    of A's memory, nothing copied."""
+    m = A.shape[0]
+    n = A.shape[1]
+    flat = ct.Array.from_foreign(A.foreign_pointer, (m * n,), (1,))
+    return ct.Array.from_foreign(flat.slice(0, start, m * n).foreign_pointer, (rows, body), (8 * n, 1))
+
+
+def _phase_stat(S, phase, rows):
+    """One phase's entries of a (M,) per-row statistic, as a (rows,) array of stride 8."""
+    return ct.Array.from_foreign(S.slice(0, phase, S.shape[0]).foreign_pointer, (rows,), (8,))
+
+
+def _odd_edges(head, body, n):
+    """A row's head and tail (under 8 elements each) as one 16-wide tile: edge lane k is column
+    k of the row below ``head``, else column body + k; (columns, lanes in use)."""
+    k = ct.arange(2 * 8, dtype=ct.int32)
+    return k + ct.where(k >= head, body, 0), k < n - body
+
+
+def _odd_rows(phase, block, ROWS):
+    """The rows of a phase's row block, as a [ROWS, 1] column of row indices."""
+    return ct.reshape(phase + 8 * (block * ROWS + ct.arange(ROWS, dtype=ct.int32)), (ROWS, 1))
+
+
+def _edge_at(A, rows, cols, lanes):
+    """(flat array, element offsets, mask) of the edge lanes of these rows ([ROWS, 1]) of a contiguous
+    (M, N) array: int32 offsets into one flat array (M * N < 2^31, see INDEX_LIMIT) and a mask that
+    keeps them within it, so the accesses need no bounds checks of their own."""
+    m = A.shape[0]
+    n = A.shape[1]
+    flat = ct.Array.from_foreign(A.foreign_pointer, (m * n,), (1,))
+    at = rows * n + ct.reshape(cols, (1, 16))
+    return flat, at, (rows < m) & ct.reshape(lanes, (1, 16))
+
+
+def _ld_edges(A, rows, cols, lanes):
+    """The edge lanes of these rows of an (M, N) array, element-wise, 0 past M and past the edges."""
+    flat, at, mask = _edge_at(A, rows, cols, lanes)
+    return ct.gather(flat, at, mask=mask, check_bounds=False)
+
+
+def _st_edges(A, rows, cols, lanes, tile):
+    flat, at, mask = _edge_at(A, rows, cols, lanes)
+    ct.scatter(flat, at, tile, mask=mask, check_bounds=False)
+
+
+def _shifted_param(P, SHIFTED, k, phase, head, body, cols, lanes, BLOCK_N):
+    """A per-column vector (weight, bias) in a phase's columns, fp32: (body, edge) tiles, [1, BLOCK_N]
+    and [1, 16]; 0 past them. Once per program: the body gathered (element-wise: it starts
+    mid-vector), stored to the phase's row of the aligned fp32 scratch SHIFTED[k] and loaded back
+    as a tile, so that it takes a load's layout (see the module docstring)."""
+    j = ct.arange(BLOCK_N, dtype=ct.int32)
+    pb = ct.astype(ct.gather(P, head + j, mask=j < body), ct.float32)
+    ct.store(SHIFTED, index=(k, phase, 0), tile=ct.reshape(pb, (1, 1, BLOCK_N)))
+    pb = ct.load(SHIFTED, index=(k, phase, 0), shape=(1, 1, BLOCK_N))
+    pe = ct.astype(ct.gather(P, cols, mask=lanes), ct.float32)
+    return ct.reshape(pb, (1, BLOCK_N)), ct.reshape(pe, (1, 16))
+
+
+def _fwd_odd_kernel(
+    X, R, W, B, Y, H, MEAN, RSTD, eps, SHIFTED,
+    LAYERNORM: ConstBool, HAS_WEIGHT: ConstBool, HAS_BIAS: ConstBool, HAS_RESIDUAL: ConstBool,
+    ROWS: ConstInt, BLOCK_N: ConstInt, TMA_LOAD: ConstBool, TMA_STORE: ConstBool, LATENCY: ConstInt,
+):  # fmt: skip
+    """The forward of realigned rows: program p takes phase p mod 8 and that phase's row blocks
+    p // 8, p // 8 + G, ... (G = programs / 8), ROWS rows 8 apart to a block; bodies loaded and
+    stored as [ROWS, BLOCK_N] tiles of the phase's aligned array, heads and tails element-wise."""
+    m = Y.shape[0]
+    n = Y.shape[1]
+    phase = ct.bid(0) % 8
+    groups = ct.num_blocks(0) // 8
+    start, head, body = _odd_split(phase, n)
+    rows = ct.cdiv(m - phase, 8)
+    cols, lanes = _odd_edges(head, body, n)
+    in_body = ct.reshape(ct.arange(BLOCK_N, dtype=ct.int32) < body, (1, BLOCK_N))
+    in_edge = ct.reshape(lanes, (1, 16))
+    xs = _phase_body(X, start, rows, body)
+    ys = _phase_body(Y, start, rows, body)
+    # weight and bias gathered once per program, shifted to the phase's columns
+    wb = ct.full((1, BLOCK_N), 1.0, dtype=ct.float32)
+    we = ct.full((1, 16), 1.0, dtype=ct.float32)
+    bb = ct.full((1, BLOCK_N), 0.0, dtype=ct.float32)
+    be = ct.full((1, 16), 0.0, dtype=ct.float32)
+    if HAS_WEIGHT:
+        wb, we = _shifted_param(W, SHIFTED, 0, phase, head, body, cols, lanes, BLOCK_N)
+    if HAS_BIAS:
+        bb, be = _shifted_param(B, SHIFTED, 1, phase, head, body, cols, lanes, BLOCK_N)
+    for block in range(ct.bid(0) // 8, ct.cdiv(rows, ROWS), groups):
+        r = _odd_rows(phase, block, ROWS)
+        xb = _ld(xs, (block, 0), (ROWS, BLOCK_N), TMA_LOAD, LATENCY)
+        xe = _ld_edges(X, r, cols, lanes)
+        if HAS_RESIDUAL:
+            rb = _ld(_phase_body(R, start, rows, body), (block, 0), (ROWS, BLOCK_N), TMA_LOAD, LATENCY)
+            re = _ld_edges(R, r, cols, lanes)
+            xb = ct.astype(ct.astype(xb, ct.float32) + ct.astype(rb, ct.float32), X.dtype)
+            xe = ct.astype(ct.astype(xe, ct.float32) + ct.astype(re, ct.float32), X.dtype)
+            _st(_phase_body(H, start, rows, body), (block, 0), xb, TMA_STORE, LATENCY)
+            _st_edges(H, r, cols, lanes, xe)
+        xb = ct.astype(xb, ct.float32)
+        xe = ct.astype(xe, ct.float32)
+        if LAYERNORM:
+            mean = (ct.sum(xb, axis=1, keepdims=True) + ct.sum(xe, axis=1, keepdims=True)) / n
+            xb = ct.where(in_body, xb - mean, 0.0)
+            xe = ct.where(in_edge, xe - mean, 0.0)
+            ct.store(_phase_stat(MEAN, phase, rows), index=(block,), tile=ct.reshape(mean, (ROWS,)))
+        rstd = _rstd(ct.sum(xb * xb, axis=1, keepdims=True) + ct.sum(xe * xe, axis=1, keepdims=True), n, eps)
+        ct.store(_phase_stat(RSTD, phase, rows), index=(block,), tile=ct.reshape(rstd, (ROWS,)))
+        yb = xb * rstd
+        ye = xe * rstd
+        if HAS_WEIGHT:
+            yb = yb * wb
+            ye = ye * we
+        if HAS_BIAS:
+            yb = yb + bb
+            ye = ye + be
+        _st(ys, (block, 0), ct.astype(yb, Y.dtype), TMA_STORE, LATENCY)
+        _st_edges(Y, r, cols, lanes, ct.astype(ye, Y.dtype))
+
+
+def _bwd_odd_kernel(
+    DY, X, W, MEAN, RSTD, DRES, DX, DW_PARTIAL, DB_PARTIAL, SHIFTED,
+    LAYERNORM: ConstBool, HAS_WEIGHT: ConstBool, HAS_DRESIDUAL: ConstBool,
+    ROWS: ConstInt, BLOCK_N: ConstInt, TMA_LOAD: ConstBool, TMA_STORE: ConstBool, LATENCY: ConstInt,
+    ACC_ROWS: ConstBool,
+):  # fmt: skip
+    """The backward of realigned rows: program p takes phase p mod 8 and a contiguous range of that
+    phase's row blocks (``_bwd_kernel``'s split, per phase); its dweight / dbias accumulate in
+    the phase's columns and go to partial row p in natural column order."""
+    m = DX.shape[0]
+    n = DX.shape[1]
+    phase = ct.bid(0) % 8
+    group = ct.bid(0) // 8
+    groups = ct.num_blocks(0) // 8
+    start, head, body = _odd_split(phase, n)
+    rows = ct.cdiv(m - phase, 8)
+    cols, lanes = _odd_edges(head, body, n)
+    in_body = ct.reshape(ct.arange(BLOCK_N, dtype=ct.int32) < body, (1, BLOCK_N))
+    in_edge = ct.reshape(lanes, (1, 16))
+    n_blocks = ct.cdiv(rows, ROWS)
+    share = n_blocks // groups
+    extra = n_blocks % groups
+    first = group * share + ct.minimum(group, extra)
+    count = share + ct.astype(group < extra, ct.int32)
+    xs = _phase_body(X, start, rows, body)
+    dys = _phase_body(DY, start, rows, body)
+    dxs = _phase_body(DX, start, rows, body)
+    wb = ct.full((1, BLOCK_N), 1.0, dtype=ct.float32)
+    we = ct.full((1, 16), 1.0, dtype=ct.float32)
+    if HAS_WEIGHT:
+        wb, we = _shifted_param(W, SHIFTED, 0, phase, head, body, cols, lanes, BLOCK_N)
+    dwb = ct.zeros((1, BLOCK_N), dtype=ct.float32)
+    dbb = ct.zeros((1, BLOCK_N), dtype=ct.float32)
+    dwb_rows = ct.zeros((ROWS, BLOCK_N), dtype=ct.float32)
+    dbb_rows = ct.zeros((ROWS, BLOCK_N), dtype=ct.float32)
+    dwe = ct.zeros((ROWS, 16), dtype=ct.float32)
+    dbe = ct.zeros((ROWS, 16), dtype=ct.float32)
+    for i in range(count):
+        block = first + i
+        r = _odd_rows(phase, block, ROWS)
+        xb = ct.astype(_ld(xs, (block, 0), (ROWS, BLOCK_N), TMA_LOAD, LATENCY), ct.float32)
+        xe = ct.astype(_ld_edges(X, r, cols, lanes), ct.float32)
+        dyb = ct.astype(_ld(dys, (block, 0), (ROWS, BLOCK_N), TMA_LOAD, LATENCY), ct.float32)
+        dye = ct.astype(_ld_edges(DY, r, cols, lanes), ct.float32)
+        if LAYERNORM:
+            mean = _row_stat(_phase_stat(MEAN, phase, rows), block, ROWS)
+            xb = ct.where(in_body, xb - mean, 0.0)
+            xe = ct.where(in_edge, xe - mean, 0.0)
+        rstd = _row_stat(_phase_stat(RSTD, phase, rows), block, ROWS)
+        gb = dyb
+        ge = dye
+        if HAS_WEIGHT:
+            gb = dyb * wb
+            ge = dye * we
+        sum_gxc = ct.sum(gb * xb, axis=1, keepdims=True) + ct.sum(ge * xe, axis=1, keepdims=True)
+        xhb = xb * rstd
+        xhe = xe * rstd
+        c1 = sum_gxc * rstd / n
+        dxb = gb - xhb * c1
+        dxe = ge - xhe * c1
+        if LAYERNORM:
+            c2 = (ct.sum(gb, axis=1, keepdims=True) + ct.sum(ge, axis=1, keepdims=True)) / n
+            dxb = dxb - c2
+            dxe = dxe - c2
+            if ACC_ROWS:
+                dbb_rows = dbb_rows + dyb
+            else:
+                dbb = dbb + ct.sum(dyb, axis=0, keepdims=True)
+            dbe = dbe + dye
+        dxb = dxb * rstd
+        dxe = dxe * rstd
+        if HAS_DRESIDUAL:
+            dres = _ld(_phase_body(DRES, start, rows, body), (block, 0), (ROWS, BLOCK_N), TMA_LOAD, LATENCY)
+            dxb = dxb + ct.astype(dres, ct.float32)
+            dxe = dxe + ct.astype(_ld_edges(DRES, r, cols, lanes), ct.float32)
+        if HAS_WEIGHT:
+            if ACC_ROWS:
+                dwb_rows = dwb_rows + dyb * xhb
+            else:
+                dwb = dwb + ct.sum(dyb * xhb, axis=0, keepdims=True)
+            dwe = dwe + dye * xhe
+        _st(dxs, (block, 0), ct.astype(dxb, DX.dtype), TMA_STORE, LATENCY)
+        _st_edges(DX, r, cols, lanes, ct.astype(dxe, DX.dtype))
+    if ACC_ROWS:
+        dwb = ct.sum(dwb_rows, axis=0, keepdims=True)
+        dbb = ct.sum(dbb_rows, axis=0, keepdims=True)
+    me = ct.bid(0)
+    if HAS_WEIGHT:
+        _st_partial(DW_PARTIAL, me, head, body, cols, lanes, dwb, ct.sum(dwe, axis=0, keepdims=True), BLOCK_N)
+    if LAYERNORM:
+        _st_partial(DB_PARTIAL, me, head, body, cols, lanes, dbb, ct.sum(dbe, axis=0, keepdims=True), BLOCK_N)
+
+
+def _st_partial(P, me, head, body, cols, lanes, pb, pe, BLOCK_N):
+    """A program's partial row (dweight or dbias), from the phase's columns to row ``me`` of the
+    (programs, N) partials in natural column order."""
+    j = ct.arange(BLOCK_N, dtype=ct.int32)
+    ct.scatter(P, (me, head + j), ct.reshape(pb, (BLOCK_N,)), mask=j < body)
+    ct.scatter(P, (me, cols), ct.reshape(pe, (16,)), mask=lanes)
+
+
 # ============================================================================ launching
 # A launch is (kernel, grid, args). On a GPU it runs on the current torch stream; in
 # ``compile_only`` mode (no GPU: the tests) it is compiled for sm_90 from the same description,
@@ -539,6 +798,22 @@ def _as_rows(rows: tuple, n: int, p: Plan) -> tuple[tuple, Plan, int]:
     return tuple(t if t is None or t.dim() == 3 else t.view(tokens, heads, n) for t in rows), p, hr
 
 
+def takes_realigned(rows: tuple, m: int, n: int, p: Plan, t) -> bool:
+    """Whether a call's row tensors (None where absent; as ``_as_rows`` hands them over) take the
+    realigned kernels: the shape's conditions (``plan.realigned``), and every row tensor (M, N)
+    contiguous rows starting on a 16-byte boundary, so that every tensor's row r starts at the same
+    place within a vector, (r * N) mod 8 elements in."""
+    if not realigned(m, n, rows[0].element_size(), p, t):
+        return False
+    return all(r is None or (r.dim() == 2 and r.stride() == (n, 1) and r.data_ptr() % 16 == 0) for r in rows)
+
+
+def _shifted_scratch(like: torch.Tensor, params: int, width: int) -> torch.Tensor:
+    """The realigned kernels' (params, 8, width) fp32 scratch for the weight (and bias) shifted to
+    each phase's columns; the programs of a phase all write the same values to its row."""
+    return torch.empty((params, PHASES, width), dtype=torch.float32, device=like.device)
+
+
 def _grid_rows(m: int, p: Plan) -> int:
     return -(-m // p.rows)
 
@@ -561,9 +836,15 @@ def norm_fwd(x, residual, weight, bias, eps, layernorm: bool):
         bias if bias is not None else _placeholder(x, x.dtype, 1, "bias"),
         y, h if h is not None else _placeholder(x, x.dtype, 2, "h"),
         mean if mean is not None else _placeholder(x, torch.float32, 1, "mean"), rstd, float(eps),
-        layernorm, weight is not None, bias is not None, residual is not None, p.rows, p.width, p.wide,
-        t.tma_load, t.tma_store, t.latency, hr,
+        layernorm, weight is not None, bias is not None, residual is not None, p.rows, p.width,
     )  # fmt: skip
+    if hr == 0 and takes_realigned((x, residual), M, N, p, t):
+        programs = PHASES * realigned_programs("fwd", M, p, sm_count(x.device), t)
+        shifted = _shifted_scratch(x, 1 + int(bias is not None), p.width)
+        args = args[:9] + (shifted,) + args[9:] + (t.tma_load, t.tma_store, t.latency)
+        _launch(_kernel(_fwd_odd_kernel, t), (programs, 1, 1), args)
+        return y, h, mean, rstd
+    args += (p.wide, t.tma_load, t.tma_store, t.latency, hr)
     _launch(_kernel(_fwd_kernel, t), (forward_programs(M, p, sm_count(x.device), t), 1, 1), args)
     return y, h, mean, rstd
 
@@ -588,12 +869,28 @@ def norm_bwd(dy, dres, x, weight, mean, rstd, layernorm: bool):
     has_weight = weight is not None
     dx = torch.empty((M, N), dtype=x.dtype, device=x.device)
     n_sums = int(has_weight) + int(layernorm)
-    groups = backward_groups(M, p, sm_count(x.device), t)
+    odd = hr == 0 and takes_realigned((dy, x, dres), M, N, p, t)
+    # the realigned kernel's programs each write a partial row, as the persistent groups do
+    if odd:
+        groups = PHASES * realigned_programs("bwd", M, p, sm_count(x.device), t)
+    else:
+        groups = backward_groups(M, p, sm_count(x.device), t)
     # Rows of the partials (and of the sums) padded to 16 bytes: the second of them (dbias) is a
     # view at an offset, and at N = 7 (28-byte rows) its stores were lost on an H100 (dbias 0).
     partials = torch.empty((max(n_sums, 1), groups, _pad16(N, 4)), dtype=torch.float32, device=x.device)[..., :N]
     w = weight if has_weight else _placeholder(x, x.dtype, 1, "weight")
     mean = mean if mean is not None else _placeholder(x, torch.float32, 1, "mean")
+    dw_partial = partials[0] if has_weight else _placeholder(x, torch.float32, 2, "dw_partial")
+    db_partial = partials[n_sums - 1] if layernorm else _placeholder(x, torch.float32, 2, "db_partial")
+    dres_arg = dres if dres is not None else _placeholder(x, x.dtype, 2, "dres")
+    if odd:
+        args = (
+            dy, x, w, mean, rstd, dres_arg, dx, dw_partial, db_partial, _shifted_scratch(x, 1, p.width), layernorm,
+            has_weight, dres is not None,
+            p.rows, p.width, t.tma_load, t.tma_store, t.latency, t.acc_rows,
+        )  # fmt: skip
+        _launch(_kernel(_bwd_odd_kernel, t), (groups, 1, 1), args)
+        return _sum_partials(partials, weight, x, N, n_sums, groups, layernorm, dx)
     row_sums = _placeholder(x, torch.float32, 3, "row_sums")
     if slices > 1:
         row_sums = torch.empty((2, M, slices), dtype=torch.float32, device=x.device)
@@ -601,14 +898,19 @@ def norm_bwd(dy, dres, x, weight, mean, rstd, layernorm: bool):
             _bwd_row_sums_kernel, (_grid_rows(M, p), slices, 1),
             (dy, x, w, mean, row_sums, layernorm, has_weight, p.rows, p.width, t.tma_load, t.latency, hr),
         )  # fmt: skip
-    dw_partial = partials[0] if has_weight else _placeholder(x, torch.float32, 2, "dw_partial")
-    db_partial = partials[n_sums - 1] if layernorm else _placeholder(x, torch.float32, 2, "db_partial")
     args = (
-        dy, x, w, mean, rstd, dres if dres is not None else _placeholder(x, x.dtype, 2, "dres"), row_sums, dx,
-        dw_partial, db_partial, layernorm, has_weight, dres is not None, p.rows, p.width, slices, next_pow2(slices),
-        t.tma_load, t.tma_store, t.latency, t.acc_rows, hr,
+        dy, x, w, mean, rstd, dres_arg, row_sums, dx, dw_partial, db_partial, layernorm, has_weight,
+        dres is not None, p.rows, p.width, slices, next_pow2(slices), t.tma_load, t.tma_store, t.latency,
+        t.acc_rows, hr,
     )  # fmt: skip
     _launch(_kernel(_bwd_kernel, t), (groups, slices, 1), args)
+    return _sum_partials(partials, weight, x, N, n_sums, groups, layernorm, dx)
+
+
+def _sum_partials(partials, weight, x, N: int, n_sums: int, groups: int, layernorm: bool, dx):
+    """(dx, dw or None, db or None): the programs' partial rows of dweight / dbias added in a fixed
+    order and rounded once to the weight's dtype (x's when there is none)."""
+    has_weight = weight is not None
     if not n_sums:
         return dx, None, None
     sum_dtype = weight.dtype if has_weight else x.dtype

@@ -34,6 +34,9 @@ BWD_SLICE = 4096  # column slice of the backward's wide-row path
 TILE_ELEMENTS = 4096  # a tile of narrow rows holds about this many elements
 MAX_ROWS = 64
 PROGRAMS_PER_SM = 4
+VEC = 8  # 16-bit elements in a 16-byte vector
+PHASES = VEC  # the realigned kernels' row classes: row r starts (r mod 8) * N elements into a vector
+ODD_MIN_N = 512  # narrower rows keep the row kernels (the edges' element-wise share grows as 16 / N)
 
 
 @dataclass(frozen=True)
@@ -42,7 +45,8 @@ class Tuning:
     0 launches one program per row block; k > 0 a persistent grid of k programs per SM, each walking
     every k-th block with the weight loaded once. ``latency``, ``occupancy``, ``worker_warps`` 0: the
     compiler's own. ``acc_rows``: the backward accumulates dweight / dbias per tile row (one column
-    reduction at the end, not one per row block)."""
+    reduction at the end, not one per row block). ``realign``: 16-bit rows whose length is no
+    multiple of 8 take the realigned kernels where they apply (``realigned``)."""
 
     fwd_row_max: int = FWD_ROW_MAX
     bwd_row_max: int = BWD_ROW_MAX
@@ -59,6 +63,7 @@ class Tuning:
     occupancy: int = 0
     worker_warps: int = 0
     acc_rows: bool = False
+    realign: bool = True
 
 
 # Experiments (tools/experiments/cutile-tuning) set a tuning for every call; None: each call takes
@@ -124,3 +129,39 @@ def forward_programs(m: int, p: Plan, sm_count: int, tuning: Tuning | None = Non
     blocks = -(-m // p.rows)
     k = (tuning or Tuning()).fwd_programs_per_sm
     return blocks if k <= 0 else max(1, min(blocks, k * sm_count))
+
+
+def realigned(m: int, n: int, itemsize: int, p: Plan, tuning: Tuning | None = None) -> bool:
+    """Whether rows of this shape take the realigned kernels (the tensors' own conditions, (M, N)
+    rows with one row stride and 16-byte aligned starts, are the launcher's): 16-bit rows whose
+    length is no multiple of a 16-byte vector, the whole row in one tile (no chunks, no slices),
+    ``ODD_MIN_N`` elements or more, and at least one row of each of the 8 phases."""
+    t = tuning or Tuning()
+    return t.realign and itemsize == 2 and n % VEC != 0 and not p.wide and n >= ODD_MIN_N and m >= PHASES
+
+
+def realigned_programs(direction: str, m: int, p: Plan, sm_count: int, tuning: Tuning | None = None) -> int:
+    """Programs per phase of the realigned kernels (the grid is 8 times this): persistent in both
+    directions, since a program gathers its shifted weight once (forward: ``fwd_programs_per_sm``,
+    or ``PROGRAMS_PER_SM`` where the table launches one program per block; backward:
+    ``programs_per_sm``), at most one per row block of the phase with the fewest rows."""
+    t = tuning or Tuning()
+    per_sm = (t.fwd_programs_per_sm or PROGRAMS_PER_SM) if direction == "fwd" else t.programs_per_sm
+    blocks = -(-(m // PHASES) // p.rows)
+    return max(1, min(blocks, per_sm * sm_count // PHASES))
+
+
+def phase_split(phase: int, n: int) -> tuple[int, int, int]:
+    """(start, head, body) of the realigned kernels' phase ``phase`` at width n, as their
+    ``_odd_split`` computes it: rows phase + 8k start phase * n + 8kn elements into the array; their
+    first whole 16-byte vector is ``start`` + 8kn (a multiple of 8), ``head`` elements into the
+    row; the ``body`` from there is a multiple of 8 elements, and the tail (under 8) follows."""
+    start = -(-phase * n // VEC) * VEC
+    head = start - phase * n
+    return start, head, (n - head) // VEC * VEC
+
+
+def edge_columns(head: int, body: int, n: int) -> list[int]:
+    """The row columns of a phase's 16 edge lanes that are in use, in lane order (``_odd_edges``):
+    the head's columns, then the tail's."""
+    return [k + (body if k >= head else 0) for k in range(2 * VEC) if k < n - body]
