@@ -10,6 +10,8 @@ kernels under the hints that could matter for them: TMA off for loads or stores,
 two tile rows, and (forward) 2 programs per SM. Every variant is compiled first in parallel
 processes (cuTile's disk cache), then checked and timed one at a time in this process; "rows" and
 "realigned" are timed twice more, alternating. Writes OUT/results.jsonl and OUT/meta.json.
+
+Environment: ODD_N (default 4001,2999,5003), OPS, DIRECTIONS, WARM=0 (no parallel compile first).
 """
 
 from __future__ import annotations
@@ -29,8 +31,10 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from gpu_timing import bench, finish_meta, fraction, start_meta
 
 ELEMS = 2**27
-OPS = ("rmsnorm", "layernorm", "add_rmsnorm")
-DIRECTIONS = ("fwd", "bwd")
+OPS = tuple(os.environ.get("OPS", "rmsnorm,layernorm,add_rmsnorm").split(","))
+DIRECTIONS = tuple(os.environ.get("DIRECTIONS", "fwd,bwd").split(","))
+# WARM=0: no parallel compile first (each variant compiles when first checked)
+WARM = os.environ.get("WARM", "1") != "0"
 WIDTHS = tuple(int(n) for n in os.environ.get("ODD_N", "4001,2999,5003").split(","))
 
 
@@ -120,8 +124,8 @@ def main(out_dir: str, budget_s: float):
     meta = start_meta(widths=list(WIDTHS))
     copy = meta["copy_before"]["tbps"]
     jobs = [(op, d, n) for n in WIDTHS for d in DIRECTIONS for op in OPS]
-    with mp.get_context("spawn").Pool(min(14, len(jobs))) as pool:
-        for op, d, n, errors in pool.imap_unordered(warm_one, jobs):
+    with mp.get_context("spawn").Pool(min(14, len(jobs))) if WARM else contextlib.nullcontext() as pool:
+        for op, d, n, errors in pool.imap_unordered(warm_one, jobs) if WARM else ():
             for tag, e in errors:
                 print("warm error", op, d, n, tag, e, flush=True)
     print(f"warm {time.time() - t0:.0f} s", flush=True)
