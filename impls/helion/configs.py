@@ -266,14 +266,15 @@ def is_odd(n: int, dtype: torch.dtype) -> bool:
 
 
 def realigned_default(op: str, direction: str, n: int) -> Pinned:
-    """The realigned kernels' config from N: rows of up to 4096 two to a forward step on 4 warps
-    with two programs per SM, longer ones one a step on 8 warps, one program per SM; the backward
-    one row a step (its accumulators take the registers a second row would). The Triton realigned
-    kernels' H100 pins at N = 2048-8192 (about 32-64 elements a thread)."""
+    """The realigned kernels' config from N: rows of up to 4096 on 4 warps with two programs per
+    SM, two rows to a forward step, one to a backward step (its accumulators take the registers a
+    second row would); longer rows one a step on 8 warps, one program per SM. First the Triton
+    realigned kernels' H100 pins; at N = 4001 the backward's 8 warps measured 49-61% of copy
+    bandwidth where 4 gave 67-84% (reports/experiments/helion-odd-rows/)."""
     family = "rmsnorm" if op == "add_rmsnorm" else op
     short = _next_pow2(n) <= 4096
     rows = 2 if direction == "fwd" and short else 1
-    warps = 4 if short and (direction == "fwd" or _next_pow2(n) <= 2048) else 8
+    warps = 4 if short else 8
     return Pinned(f"{family}_{direction}_odd", {"block_sizes": [rows], "num_warps": warps}, programs_per_sm=2 if short else 1)
 
 
