@@ -124,7 +124,7 @@ def test_every_kernel_compiles_for_sm90(cutile_kernels, n, dtype, param_dtype):
         d = direction.split("-")[0]
         t = configs.choose(op, d, n, x.device)
         p = plan(d, x.shape[0], n, t)
-        odd = "_odd" if realigned(x.shape[0], n, x.element_size(), p, t) else ""  # 16-bit rows of 1001
+        odd = "_odd" if realigned(x.shape[0], n, x.element_size(), p, t) else ""  # 16-bit odd rows from 2048
         if direction == "fwd":
             assert names == [f"_fwd{odd}_kernel"], (op, names)
         else:
@@ -488,7 +488,7 @@ def test_realigned_rows_are_chosen_exactly_where_they_apply():
     def takes(m, n, itemsize=2, direction="fwd", t=None):
         return realigned(m, n, itemsize, plan(direction, m, n, t), t)
 
-    for n in (1001, 2999, 4001, 5003, 8191):
+    for n in (2049, 2999, 4001, 5003, 8191):
         assert takes(37, n) and takes(33546, n, direction="fwd", t=Tuning(fwd_row_max=8192)), n
     assert takes(64, 4001, direction="bwd") and not takes(64, 5003, direction="bwd")  # the backward's 4096 tile
     assert takes(64, 5003, direction="bwd", t=Tuning(bwd_row_max=8192))
@@ -504,14 +504,14 @@ def test_realigned_rows_need_contiguous_aligned_rows():
     from impls.cutile.kernels import takes_realigned
     from impls.cutile.plan import plan
 
-    p = plan("fwd", 37, 1001)
-    x = torch.zeros(37, 1001, dtype=torch.bfloat16)
-    assert takes_realigned((x, None), 37, 1001, p, None) and takes_realigned((x, x.clone()), 37, 1001, p, None)
-    shifted = torch.zeros(37 * 1001 + 1, dtype=torch.bfloat16)[1:].view(37, 1001)  # 2 bytes off
-    column_slice = torch.zeros(37, 1008, dtype=torch.bfloat16)[:, :1001]
+    p = plan("fwd", 37, 2999)
+    x = torch.zeros(37, 2999, dtype=torch.bfloat16)
+    assert takes_realigned((x, None), 37, 2999, p, None) and takes_realigned((x, x.clone()), 37, 2999, p, None)
+    shifted = torch.zeros(37 * 2999 + 1, dtype=torch.bfloat16)[1:].view(37, 2999)  # 2 bytes off
+    column_slice = torch.zeros(37, 3008, dtype=torch.bfloat16)[:, :2999]
     for other in (shifted, column_slice):
-        assert not takes_realigned((x, other), 37, 1001, p, None)
-        assert not takes_realigned((other, None), 37, 1001, p, None)
+        assert not takes_realigned((x, other), 37, 2999, p, None)
+        assert not takes_realigned((other, None), 37, 2999, p, None)
 
 
 def _realigned_rows(x: torch.Tensor, w: torch.Tensor, eps: float, layernorm: bool):
@@ -565,8 +565,7 @@ def test_realigned_layout_covers_every_element_once_and_normalises_rows(n):
         torch.testing.assert_close(rstd, rstd_ref.double().reshape(-1), rtol=1e-9, atol=1e-9)
 
 
-# every op and direction at two odd widths (1001 is also the compile test's mid-size regime, bf16
-# with fp32 weights there): bf16 with fp32 weights, and fp16 with fp16 weights
+# every op and direction at two odd widths: bf16 with fp32 weights, and fp16 with fp16 weights
 ODD_COMPILES = [(4001, "bf16", "fp32"), (5003, "fp16", "fp16")]
 
 
