@@ -91,13 +91,16 @@ of 4001 bf16 elements starts anywhere within a vector, so vector_width gives 2-b
 load/store units, not DRAM, set the pace (the backward at 43-68% of copy bandwidth on the H100).
 The backward reads such rows realigned instead: row r starts s = (r N) mod 8 elements into the
 vector at (r N) - s, and its span of whole vectors from there is copied by cp.async like any row,
-the neighbouring rows' elements in its first and last vector included. Those elements are set to 0
-in registers before any arithmetic (a select, so an inf beside the row cannot reach it), and dx is
-stored in whole vectors except in the first and last vector, element by element. A persistent CTA
-takes rows b, b + G, ... with G a multiple of 8 (``_backward``), so that every row it takes starts
-at the same s: its weight is loaded once, shifted by s, and its dweight / dbias accumulate in the
-span's columns and go to its partial row shifted back. The last row's last vector may run past the
-tensor: that vector alone is read element by element. Forward rows stay element-wise (70-90% there).
+the neighbouring rows' elements in its first and last vector included. Once the row has landed,
+the threads holding those two vectors set the neighbours' elements to 0 in the staged copy, before
+any arithmetic (an inf beside the row cannot reach it), and dx is stored in whole vectors except in
+those two, element by element. A persistent CTA takes rows b, b + G, ... with G a multiple of 8
+(``_backward``), so that every row it takes starts at the same s: its weight is loaded once,
+shifted by s, its dweight / dbias accumulate in the span's columns and go to its partial row
+shifted back, and which of a thread's elements are the row's is one bitmask register. The last
+row's last vector may run past the tensor: that vector alone is read element by element. The
+kernel takes 20-50 registers more than the one of aligned rows, so the launch promises ptxas 128
+(``plan.REALIGNED_MIN_REGISTERS``). Forward rows stay element-wise (74-88% at N = 4001, H100).
 
 Compilation: one kernel per (op, direction, dtype, N, vec, weight / bias dtypes, residual, the
 per-head views' H and which tensors are views, realigned rows, launch) key, compiled on first use with M (the row
@@ -685,8 +688,8 @@ def max_resident(compiled, kernel, num_sms: int) -> int:
 
 
 def realigned_row(mT: cute.Tensor, row, n: int, chunk: int):
-    """(span, s): the chunk of whole vectors from the aligned element at or before flat row ``row``
-    of n elements in the 1-D tensor mT, and the row's offset s within its first vector. The start
+    """(span, s, base): the chunk of whole vectors from the aligned element ``base`` at or before flat
+    row ``row`` of n elements in the 1-D tensor mT, and the row's offset s within it. The start
     is rounded down as ``// 8 * 8`` and asserted a multiple of 8, so that the pointer's alignment
     (16 bytes) is known to the compiler and cp.async moves whole vectors."""
     start = Int64(row) * n
@@ -703,9 +706,9 @@ def load_realigned(atom, srcs: tuple, flats: tuple, dsts: tuple, zero: cute.Tens
     if valid:
         vpt = cute.size(tXcS, mode=[2])
         per = cute.size(tXcS, mode=[0])
+        end = flats[0].shape[0]
         for k in cutlass.range_constexpr(vpt):
             c = tXcS[0, 0, k][1]
-            end = flats[0].shape[0]
             if c >= s + n:  # past the row: 0s (the stage may hold an earlier row there)
                 for dst in dsts:
                     cute.autovec_copy(zero[None, None, k], dst[None, None, k])
@@ -887,8 +890,8 @@ class NormBackward:
         inv_n = const_expr(1.0 / n)
         it = Int32(0)
         # A row's rstd (and mean) is loaded one iteration before its use: see "Backward" above.
-        rstd_next, mean_next = load_row_stats(mRstd, mMean, self.first_row(tXcX, bidx) if const_expr(not self.realign)
-                                              else bidx, M)  # fmt: skip
+        first = bidx if const_expr(self.realign) else tXcX[0, 0, 0, bidx][0]
+        rstd_next, mean_next = load_row_stats(mRstd, mMean, first, M)
         for tile in cutlass.range(bidx, num_tiles, groups, unroll=1):
             ahead, ahead_stage = tile + (S - 1) * groups, (it + S - 1) % S
             if const_expr(self.realign):
@@ -982,9 +985,6 @@ class NormBackward:
                         if in_row[0, 0, k]:
                             cute.autovec_copy(acc[None, None, k], tPgP[None, None, k])
 
-
-    def first_row(self, tXcX: cute.Tensor, tile):
-        return tXcX[0, 0, 0, tile][0]
 
     @cute.jit
     def load_row(self, atom, flats: tuple, dsts: tuple, zero: cute.Tensor, tXcS: cute.Tensor, ld, row: Int32,
@@ -1180,7 +1180,8 @@ def compile_kernel(key: tuple):
         dres = rows(2) if residual else None
         kernel = NormBackward(cdt, n, launch, layer, residual, realign)
         dx = rows(0) if realign else _fake(cdt, (m, n), vec)
-        with tempfile.TemporaryDirectory() as dump:  # keep the cubin: max_resident() asks the driver about it
+        # keep the cubin (max_resident() asks the driver about it) and the PTX (the tests read its vectors)
+        with tempfile.TemporaryDirectory() as dump:
             fn = cute.compile(kernel, rows(0), rows(1), w, rstd, mean, dres, dx,
                               dwp, dbp, Int32(1), stream, options=f"{options} --keep-cubin --keep-ptx --dump-dir={dump}")
     COMPILE_SECONDS[key] = time.perf_counter() - t0
