@@ -344,7 +344,7 @@ def realigned_span(n: int, vec: int) -> int:
 def realigned_launch(n: int, elem_bytes: int, op: str, residual: bool = False) -> Launch | None:
     """The backward's launch for rows of n 16-bit elements, n no multiple of a 16-byte vector, read
     realigned (``kernels.py``, "Rows of an odd width"), or None where they stay element-wise:
-    16-bit rows whose span is one row per CTA, no cluster (from about N = 1000 up to the widest
+    16-bit rows whose span is one row per CTA, no cluster (from N = 1018 up to the widest
     row one CTA holds). Shorter rows share a CTA, and its rows would start at different offsets
     within a vector; fp32 rows were left element-wise."""
     vec = 16 // elem_bytes
