@@ -757,6 +757,8 @@ def test_realigned_rows_are_16_bit_odd_contiguous_and_aligned():
     assert kernels._realigned("rmsnorm", "fwd", torch.empty(33, 4008, dtype=torch.bfloat16)[:, :4001]) is None
     shifted = torch.empty(33 * 4001 + 1, dtype=torch.bfloat16)[1:].view(33, 4001)
     assert kernels._realigned("rmsnorm", "bwd", x, shifted) is None
+    huge = torch.empty(2**31 // 4001 + 1, 4001, dtype=torch.bfloat16, device="meta")  # 32-bit offsets
+    assert kernels._realigned("rmsnorm", "fwd", huge) is None
     choice = configs.realigned_default("rmsnorm", "fwd", 4001)
     for m in (1, 9, 37, 10**6):  # a multiple of the vector: a program's rows share their offset
         programs = configs.realigned_programs(choice, m, 8, torch.device("cpu"))

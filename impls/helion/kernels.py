@@ -848,8 +848,9 @@ def _realigned(op: str, direction: str, x, *rows):
     """The realigned kernels' choice where they take these row tensors, else None: 16-bit rows of
     a length that fills no whole 16-byte vectors (``configs.is_odd``), (M, N) rows rather than
     per-head views, and every row tensor contiguous with a 16-byte aligned start, so that a row
-    starts at the same offset within a vector in all of them."""
-    if x.dim() != 2 or not x.shape[0] or not is_odd(x.shape[1], x.dtype):
+    starts at the same offset within a vector in all of them. Their flat offsets are 32-bit: rows
+    of 2^31 elements or more keep the row kernels."""
+    if x.dim() != 2 or not x.shape[0] or not is_odd(x.shape[1], x.dtype) or x.numel() >= 2**31:
         return None
     if any(t is not None and (not t.is_contiguous() or t.data_ptr() % 16) for t in (x, *rows)):
         return None
