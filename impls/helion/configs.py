@@ -335,6 +335,7 @@ def realigned_programs(choice: Pinned, m: int, vec: int, device) -> int:
 
 
 def sm_count(device) -> int:
+    """SMs of ``device``, cached (one for the CPU)."""
     if device.type != "cuda":
         return 1
     if device not in _SMS:
@@ -397,9 +398,7 @@ def choose(entry: str, x: torch.Tensor, rows: float = 1.0) -> Pinned:
     m = x.shape[0] if x.dim() == 2 else x.numel() // max(n, 1)
     few_key = (*key, m)
     if few_key not in _FEW_ROWS:
-        if x.device not in _SMS:
-            _SMS[x.device] = torch.cuda.get_device_properties(x.device).multi_processor_count
-        _FEW_ROWS[few_key] = for_rows(choice, m, _SMS[x.device])
+        _FEW_ROWS[few_key] = for_rows(choice, m, sm_count(x.device))
     return _FEW_ROWS[few_key]
 
 
