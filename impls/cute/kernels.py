@@ -99,7 +99,7 @@ those two, element by element. A persistent CTA takes rows b, b + G, ... with G 
 shifted by s, its dweight / dbias accumulate in the span's columns and go to its partial row
 shifted back, and which of a thread's elements are the row's is one bitmask register. The last
 row's last vector may run past the tensor: that vector alone is read element by element. The
-kernel takes 20-50 registers more than the one of aligned rows, so the launch promises ptxas 128
+kernel takes 8-85 registers more than the one of aligned rows, so the launch promises ptxas 128
 (``plan.REALIGNED_MIN_REGISTERS``). Forward rows stay element-wise (74-88% at N = 4001, H100).
 
 Compilation: one kernel per (op, direction, dtype, N, vec, weight / bias dtypes, residual, the
@@ -825,8 +825,8 @@ class NormBackward:
             tXcS = ld.partition_S(cute.make_identity_tensor((1, L.chunk)))
             _, shift, _ = realigned_row(mX, bidx, n, L.chunk)
             in_row = None
-            # Bit i: this thread's span element i is the row's. One register: held as 16 flags
-            # (or their columns) across the row loop, the kernel needed 46 more registers.
+            # Bit i: this thread's span element i is the row's: one register across the row loop,
+            # not a flag (or a column) per element.
             keep = Int32(0)
             for i in cutlass.range_constexpr(cute.size(tXcS)):
                 col = tXcS[i][1] - shift

@@ -94,9 +94,10 @@ _MAX_STAGES = 4
 _RESIDUAL_STAGES_AT_4_CTAS = 3
 _REGISTERS_PER_SM = 65536
 # The realigned backward (rows of an odd width) promises ptxas this many registers per thread:
-# uncapped it takes 20-50 more than the kernel of aligned rows (the span's addresses, the row's
-# elements among the span's), and under the ring's usual cap of 96 it spilled its accumulators
-# (LayerNorm at N = 2999 and 5003: 63-64% of copy bandwidth, 89 and 83% with 128). 168 lost
+# uncapped it takes 8-85 more than the kernel of aligned rows (the span's addresses, the row's
+# elements among the span's), and under the ring's usual cap of 96 it spills its accumulators
+# (LayerNorm at N = 2999 and 5003: 220 bytes a thread, 63-64% of copy bandwidth, 89 and 83% with
+# 128; reports/experiments/cute-odd-rows/). 168 lost
 # instead at 4001, where it left one CTA per SM (RMSNorm 94 -> 83%).
 REALIGNED_MIN_REGISTERS = 128
 # Target vectors per thread: 64 B of x in 16-bit types in the forward, enough loads in flight; half
