@@ -269,7 +269,7 @@ def realigned_default(op: str, direction: str, n: int) -> Pinned:
     """The realigned kernels' config from N: rows of up to 4096 on 4 warps with two programs per
     SM, two rows to a forward step, one to a backward step (its accumulators take the registers a
     second row would); longer rows one a step on 8 warps, one program per SM. First the Triton
-    realigned kernels' H100 pins; at N = 4001 the backward's 8 warps measured 49-61% of copy
+    realigned kernels' H100 pins; at N = 4001 the backward's 8 warps measured 47-61% of copy
     bandwidth where 4 gave 67-84% (reports/experiments/helion-odd-rows/)."""
     family = "rmsnorm" if op == "add_rmsnorm" else op
     short = _next_pow2(n) <= 4096
