@@ -1,11 +1,15 @@
 """What the tests of the GPU-only DSLs (Gluon, cuTile) share. Compiled without a GPU: one shape per
 row regime, the shared drawn tensors made on the CPU, and one call per op and direction of the
 contract (plus the optional-argument variants), so that every kernel a GPU would launch gets
-compiled. Run: rows whose squares overflow fp32 give NaN, never a finite value."""
+compiled. Run: rows whose squares overflow fp32 give NaN, never a finite value; add + RMSNorm
+against fp64 with the checker's tolerance scales."""
 
 import pytest
 import torch
 
+from harness.run.checker import compare, poisoned_allocations
+from harness.spec import reference
+from harness.spec.contract import DTYPES
 from harness.spec.inputs import make_case
 from harness.spec.shapes import SHAPE_SETS
 
@@ -128,3 +132,54 @@ def assert_views_pass(impl: str, shapes, dtype: str) -> None:
                 if not r.passed:
                     failures.append(f"{op} {direction} {shape.label}: {r.status} {r.summary()}")
     assert not failures, "\n".join(failures)
+
+
+def rows_of(t, n):
+    return t.reshape(-1, n)
+
+
+def rms_bwd_scales(dy, h, w, rstd, dres):
+    """The checker's tolerance scales for RMSNorm's backward on h (harness.run.checker._check_tensors),
+    with |dresidual_out| added to dh's."""
+    dy64, r64 = dy.double(), rstd.reshape(-1, 1)
+    dx_terms = (dy64 * (w.double() if w is not None else 1.0) * r64).abs()
+    if dres is not None:
+        dx_terms = dx_terms + dres.double().abs()
+    return dx_terms, (dy64 * h.double() * r64).square().sum(0).sqrt()
+
+
+def add_rmsnorm_failures(k, shape, dtype, param_dtype, device) -> list[str]:
+    """add + RMSNorm's forward and backward (with and without dresidual_out) on one shape, with
+    weights in x's dtype ("x") or fp32: the failing tensors' reports."""
+    case = make_case("rmsnorm", shape, DTYPES[dtype], device, seed=1)
+    res = make_case("rmsnorm", shape, DTYPES[dtype], device, seed=2)["x"]
+    dres = make_case("rmsnorm", shape, DTYPES[dtype], device, seed=3)["dy"]
+    x, dy, w, n = case["x"], case["dy"], case["weight"], shape.n
+    w = w if param_dtype == "x" else w.float()
+    y_ref, h_ref, rstd_ref = reference.add_rmsnorm_fwd(x, res, w, case["eps"])
+    with poisoned_allocations():
+        y, h, rstd = k.add_rmsnorm_fwd(x, res, w, case["eps"])
+    if device != "cpu" or dtype != "bf16":
+        # the sum rounded once to x's dtype, bit for bit what the unfused pair stores
+        assert torch.equal(h, (x.float() + res.float()).to(x.dtype)), f"{shape.label}: residual_out"
+    else:
+        # Triton's interpreter truncates fp32 -> bf16 (a GPU rounds to nearest even): here h is
+        # within an ulp of the rounded sum, and y and rstd must be those of h as it was stored
+        y_ref, rstd_ref = reference.rmsnorm_fwd(h, w, case["eps"])
+    reports = [
+        compare("y", y, y_ref, x.dtype, x.shape),
+        compare("residual_out", h, h_ref, x.dtype, x.shape),
+        compare("rstd", rstd, rstd_ref, torch.float32, x.shape[:-1]),
+    ]
+    h_in = h_ref.to(x.dtype)  # the backward gets residual_out as the unfused model stored it
+    for d in (dres, None):
+        dh_ref, dw_ref = reference.add_rmsnorm_bwd(dy, d, h_in, w, rstd_ref)
+        with poisoned_allocations():
+            dh, dw = k.add_rmsnorm_bwd(dy, d, h_in, w, rstd_ref.float())
+        dres_rows = None if d is None else rows_of(d, n)
+        dh_scale, dw_scale = rms_bwd_scales(rows_of(dy, n), rows_of(h_in, n), w, rstd_ref, dres_rows)
+        reports += [
+            compare("dh" if d is not None else "dh (no dresidual_out)", dh, dh_ref, x.dtype, x.shape, dh_scale.reshape(x.shape)),  # fmt: skip
+            compare("dweight", dw, dw_ref, w.dtype, w.shape, dw_scale),
+        ]
+    return [f"{r.name}: {r.reason}" for r in reports if not r.passed]

@@ -12,7 +12,7 @@ import subprocess
 import pytest
 import torch
 
-from harness.run.checker import compare, poisoned_allocations, run_check
+from harness.run.checker import run_check
 from harness.spec.contract import DTYPES
 from harness.spec.fp8 import GROUP_BLOCK
 from harness.spec.inputs import make_case
@@ -23,6 +23,7 @@ from .conftest import DEVICE, HAS_CUDA
 from .gpu_only_dsl import (
     CALLS,
     REGIMES,
+    add_rmsnorm_failures,
     assert_compile_only_launches_nothing,
     assert_overflowed_rows_are_nan,
     assert_views_pass,
@@ -307,50 +308,15 @@ def test_views_against_the_reference(contract, dtype):
     assert_views_pass("cutile", GPU_VIEWS, dtype)
 
 
-def _rms_bwd_scales(dy, h, w, rstd, dres):
-    dy64, r64 = dy.double(), rstd.reshape(-1, 1)
-    dx_terms = (dy64 * (w.double() if w is not None else 1.0) * r64).abs()
-    if dres is not None:
-        dx_terms = dx_terms + dres.double().abs()
-    return dx_terms, (dy64 * h.double() * r64).square().sum(0).sqrt()
-
-
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype,param_dtype", [("bf16", "x"), ("bf16", "fp32"), ("fp16", "fp32"), ("fp32", "x")])
 def test_add_rmsnorm_against_fp64(contract, dtype, param_dtype):
     """y, residual_out (bit for bit the rounded sum), rstd, and dh with and without
     dresidual_out, dweight in the weight's dtype, on every shape of the smoke and edge sets."""
-    from harness.spec import reference
-
-    k = contract
     for shape in SHAPE_SETS["smoke"] + SHAPE_SETS["edge"]:
         if shape.m == 0:
             continue
-        case = make_case("rmsnorm", shape, DTYPES[dtype], DEVICE, seed=1)
-        res = make_case("rmsnorm", shape, DTYPES[dtype], DEVICE, seed=2)["x"]
-        dres = make_case("rmsnorm", shape, DTYPES[dtype], DEVICE, seed=3)["dy"]
-        x, dy, w, n = case["x"], case["dy"], case["weight"], shape.n
-        w = w if param_dtype == "x" else w.float()
-        y_ref, h_ref, rstd_ref = reference.add_rmsnorm_fwd(x, res, w, case["eps"])
-        with poisoned_allocations():
-            y, h, rstd = k.add_rmsnorm_fwd(x, res, w, case["eps"])
-        assert torch.equal(h, (x.float() + res.float()).to(x.dtype)), f"{shape.label}: residual_out"
-        reports = [
-            compare("y", y, y_ref, x.dtype, x.shape),
-            compare("rstd", rstd, rstd_ref, torch.float32, x.shape[:-1]),
-        ]
-        h_in = h_ref.to(x.dtype)
-        for d in (dres, None):
-            dh_ref, dw_ref = reference.add_rmsnorm_bwd(dy, d, h_in, w, rstd_ref)
-            with poisoned_allocations():
-                dh, dw = k.add_rmsnorm_bwd(dy, d, h_in, w, rstd_ref.float())
-            rows = lambda t: None if t is None else t.reshape(-1, n)  # noqa: E731
-            dh_scale, dw_scale = _rms_bwd_scales(rows(dy), rows(h_in), w, rstd_ref, rows(d))
-            reports += [
-                compare("dh", dh, dh_ref, x.dtype, x.shape, dh_scale.reshape(x.shape)),
-                compare("dweight", dw, dw_ref, w.dtype, w.shape, dw_scale),
-            ]
-        bad = [f"{r.name}: {r.reason}" for r in reports if not r.passed]
+        bad = add_rmsnorm_failures(contract, shape, dtype, param_dtype, DEVICE)
         assert not bad, f"{shape.label} {dtype} weight {param_dtype}: {bad}"
 
 

@@ -24,10 +24,13 @@ from .conftest import DEVICE, HAS_CUDA
 from .gpu_only_dsl import (
     CALLS,
     REGIMES,
+    add_rmsnorm_failures,
     assert_compile_only_launches_nothing,
     assert_overflowed_rows_are_nan,
     compiling_or_skip,
     inputs,
+    rms_bwd_scales,
+    rows_of,
 )
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -417,20 +420,6 @@ def test_norms_against_fp64(contract, op, direction, dtype):
     assert not bad, "\n".join(bad)
 
 
-def _rms_bwd_scales(dy, h, w, rstd, dres):
-    """The checker's tolerance scales for RMSNorm's backward on h (harness.run.checker._check_tensors),
-    with |dresidual_out| added to dh's."""
-    dy64, r64 = dy.double(), rstd.reshape(-1, 1)
-    dx_terms = (dy64 * (w.double() if w is not None else 1.0) * r64).abs()
-    if dres is not None:
-        dx_terms = dx_terms + dres.double().abs()
-    return dx_terms, (dy64 * h.double() * r64).square().sum(0).sqrt()
-
-
-def _rows(t, n):
-    return t.reshape(-1, n)
-
-
 @pytest.mark.parametrize("dtype,param_dtype", [("bf16", "x"), ("bf16", "fp32"), ("fp16", "fp32"), ("fp32", "x")])
 def test_add_rmsnorm_against_fp64(contract, dtype, param_dtype):
     """y, residual_out (the sum rounded to x's dtype), rstd, and dh with and without
@@ -438,44 +427,8 @@ def test_add_rmsnorm_against_fp64(contract, dtype, param_dtype):
     _, k = contract
     # bf16 with fp32 weights on every CPU shape, the other pairs on the smoke rows and the wide path
     for shape in _shapes("bf16" if (dtype, param_dtype) == ("bf16", "fp32") else "other", "bwd"):
-        bad = _add_rmsnorm_failures(k, shape, dtype, param_dtype)
+        bad = add_rmsnorm_failures(k, shape, dtype, param_dtype, DEVICE)
         assert not bad, f"{shape.label} {dtype} weight {param_dtype}: {bad}"
-
-
-def _add_rmsnorm_failures(k, shape, dtype, param_dtype) -> list[str]:
-    """add + RMSNorm's forward and backward (with and without dresidual_out) on one shape, with
-    weights in x's dtype ("x") or fp32: the failing tensors' reports."""
-    case = make_case("rmsnorm", shape, DTYPES[dtype], DEVICE, seed=1)
-    res = make_case("rmsnorm", shape, DTYPES[dtype], DEVICE, seed=2)["x"]
-    dres = make_case("rmsnorm", shape, DTYPES[dtype], DEVICE, seed=3)["dy"]
-    x, dy, w, n = case["x"], case["dy"], case["weight"], shape.n
-    w = w if param_dtype == "x" else w.float()
-    y_ref, h_ref, rstd_ref = reference.add_rmsnorm_fwd(x, res, w, case["eps"])
-    with poisoned_allocations():
-        y, h, rstd = k.add_rmsnorm_fwd(x, res, w, case["eps"])
-    if HAS_CUDA or dtype != "bf16":
-        # the sum rounded once to x's dtype, bit for bit what the unfused pair stores
-        assert torch.equal(h, (x.float() + res.float()).to(x.dtype)), f"{shape.label}: residual_out"
-    else:
-        # Triton's interpreter truncates fp32 -> bf16 (a GPU rounds to nearest even): here h is
-        # within an ulp of the rounded sum, and y and rstd must be those of h as it was stored
-        y_ref, rstd_ref = reference.rmsnorm_fwd(h, w, case["eps"])
-    reports = [
-        compare("y", y, y_ref, x.dtype, x.shape),
-        compare("residual_out", h, h_ref, x.dtype, x.shape),
-        compare("rstd", rstd, rstd_ref, torch.float32, x.shape[:-1]),
-    ]
-    h_in = h_ref.to(x.dtype)  # the backward gets residual_out as the unfused model stored it
-    for d in (dres, None):
-        dh_ref, dw_ref = reference.add_rmsnorm_bwd(dy, d, h_in, w, rstd_ref)
-        with poisoned_allocations():
-            dh, dw = k.add_rmsnorm_bwd(dy, d, h_in, w, rstd_ref.float())
-        dh_scale, dw_scale = _rms_bwd_scales(_rows(dy, n), _rows(h_in, n), w, rstd_ref, None if d is None else _rows(d, n))
-        reports += [
-            compare("dh" if d is not None else "dh (no dresidual_out)", dh, dh_ref, x.dtype, x.shape, dh_scale.reshape(x.shape)),
-            compare("dweight", dw, dw_ref, w.dtype, w.shape, dw_scale),
-        ]
-    return [f"{r.name}: {r.reason}" for r in reports if not r.passed]
 
 
 @pytest.mark.parametrize("op", ["rmsnorm", "layernorm"])
@@ -496,9 +449,9 @@ def test_fp32_weights_beside_16_bit_x(contract, op, dtype):
         dref = getattr(reference, f"{op}_bwd")(dy, x, w, *stats)
         with poisoned_allocations():
             dout = getattr(k, f"{op}_bwd")(dy, x, w, *(s.float() for s in stats))
-        xc = _rows(x, n).double() - stats[0].reshape(-1, 1) if op == "layernorm" else _rows(x, n)
-        dx_scale, dw_scale = _rms_bwd_scales(_rows(dy, n), xc, w, ref[-1], None)
-        scales = (dx_scale.reshape(x.shape), dw_scale, _rows(dy, n).double().square().sum(0).sqrt())
+        xc = rows_of(x, n).double() - stats[0].reshape(-1, 1) if op == "layernorm" else rows_of(x, n)
+        dx_scale, dw_scale = rms_bwd_scales(rows_of(dy, n), xc, w, ref[-1], None)
+        scales = (dx_scale.reshape(x.shape), dw_scale, rows_of(dy, n).double().square().sum(0).sqrt())
         reports = [compare("y", out[0], ref[0], x.dtype, x.shape)]
         names, dtypes, shapes_ = ("dx", "dweight", "dbias"), (x.dtype, torch.float32, torch.float32), (x.shape, w.shape, w.shape)
         reports += [compare(*a) for a in zip(names, dout, dref, dtypes, shapes_, scales)]
@@ -566,7 +519,7 @@ def test_realigned_rows_against_fp64(contract, monkeypatch, dtype, rows):
             if (op, direction, dtype) == ("add_rmsnorm", "fwd", "bf16") and not HAS_CUDA:
                 for param_dtype in ("x", "fp32"):
                     launched.clear()
-                    failures = _add_rmsnorm_failures(k, ODD_SHAPE, dtype, param_dtype)
+                    failures = add_rmsnorm_failures(k, ODD_SHAPE, dtype, param_dtype, DEVICE)
                     bad += [f"{op} weights {param_dtype}: {b}" for b in failures]
                     assert {"_fwd_odd_kernel", "_bwd_odd_kernel"} <= set(launched), (op, launched)
                 continue
