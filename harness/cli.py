@@ -406,6 +406,8 @@ def cmd_bench(a) -> int:
     from harness.run.bench import default_out_dir, run_bench
 
     sc = _scale(a)
+    if a.retry_noisy and not a.resume:
+        raise UsageError("--retry-noisy measures again the noisy points of a folder: it goes with --resume")
     if a.shard_spec:  # one of a fan-out's workers: its shard's points into its shard's folder
         _require_cuda("bench")
         shard = fanout.load_shard(a.shard_spec, a.shard_index)
@@ -428,7 +430,7 @@ def cmd_bench(a) -> int:
     command = "normbench " + " ".join(shlex.quote(x) for x in sys.argv[1:])
     timer = _timer(a)
     if sc:
-        fin = fanout.bench(sc, impls, ops, dirs, sets, dtypes, weights, out, a.resume, a.argv, _command(a))
+        fin = fanout.bench(sc, impls, ops, dirs, sets, dtypes, weights, out, a.resume, a.argv, _command(a), a.retry_noisy)
         if fin.submitted or not fin.rows:  # submitted (--no-wait), or nothing measured
             if fin.submitted or fin.problems:
                 _fanned(fin)
@@ -437,7 +439,8 @@ def cmd_bench(a) -> int:
             return fin.exit_status
         meta, rows = fin.meta, fin.rows
     else:
-        meta, rows = run_bench(impls, ops, dirs, sets, dtypes, out, resume=a.resume, command=command, timer=timer, weights=weights)
+        meta, rows = run_bench(impls, ops, dirs, sets, dtypes, out, resume=a.resume, command=command, timer=timer, weights=weights,
+                               retry_noisy=a.retry_noisy)  # fmt: skip
     written = report.write_report(out, meta, rows)
     _print_rank(rows)
     print(f"wrote {out}/results.jsonl, {written['report']}, {written['csv']} and {len(written['plots'])} plots")
@@ -848,6 +851,8 @@ def build_parser() -> argparse.ArgumentParser:
     again = s.add_mutually_exclusive_group()
     again.add_argument("--resume", action="store_true", help="skip points already in the folder's results.jsonl (same GPU only)")
     again.add_argument("--overwrite", action="store_true", help="start over in a folder that holds results (they are deleted, with the report, plots and counters)")
+    s.add_argument("--retry-noisy", action="store_true",
+                   help="with --resume: also measure again the selected points the folder holds whose trials disagree by more than 5%% (noisy)")
     s.add_argument("--profile", action="store_true", help="then `normbench profile` the folder (Nsight Compute counters)")
     s.add_argument("--profile-n", default="4096,16384,262144", help="row lengths N that --profile measures (default: 4096,16384,262144)")
     s.add_argument("--rep-ms", type=int, default=100, help="time budget of each trial's repetitions (do_bench rep)")

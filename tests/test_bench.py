@@ -327,6 +327,28 @@ def test_weight_variants_are_points_of_their_own_ranked_apart(tmp_path, monkeypa
     assert "add_rmsnorm fwd — sweep, bf16+fp32" in md and "add_rmsnorm bwd — sweep, bf16+offset" in md
 
 
+def test_retry_noisy_measures_again_only_the_selected_noisy_points(tmp_path):
+    """--resume --retry-noisy: the folder's noisy points of the selection are measured again and
+    replace their rows; noisy points outside the selection and clean points stay as they were."""
+    timer = FakeTimer({"eager": 2.0}, spread=2 * NOISY_SPREAD)
+    timer.current = "eager"
+    shapes = [("sweep", (Shape((64, 256)), Shape((16, 1024))))]
+    common = dict(device="cpu", timer=timer, copy_bandwidth={"tbps": 0.001}, progress=False)
+    _, rows = run_bench([get("eager")], ["rmsnorm"], ["fwd", "bwd"], shapes, ["bf16"], tmp_path, **common)
+    assert len(rows) == 4 and all(r["noisy"] for r in rows)
+    timer.spread = 0.0
+    _, again = run_bench([get("eager")], ["rmsnorm"], ["fwd"], shapes, ["bf16"], tmp_path, resume=True, retry_noisy=True, **common)
+    kept = load_results(tmp_path / "results.jsonl")
+    assert kept == again and len(kept) == 4
+    by = {(r["direction"], r["shape"]): r for r in kept}
+    assert all(not by[("fwd", s)]["noisy"] and by[("fwd", s)]["run"] == 1 for s in ("64x256", "16x1024"))
+    assert all(by[("bwd", s)]["noisy"] and by[("bwd", s)]["run"] == 0 for s in ("64x256", "16x1024"))
+    # without the flag a noisy point counts as measured: nothing is run again
+    timer.spread = 2 * NOISY_SPREAD
+    _, same = run_bench([get("eager")], ["rmsnorm"], ["fwd", "bwd"], shapes, ["bf16"], tmp_path, resume=True, **common)
+    assert [r for r in same if r["run"] == 2] == [] and len(same) == 4
+
+
 def test_between_points_are_drawn_on_the_sweeps_axes(tmp_path, monkeypatch):
     """N between the sweep's go into the sweep's plot as markers of the implementation's colour (one
     figure per op, direction and dtype), and the report embeds that plot under both sections."""

@@ -175,6 +175,7 @@ BAD_ARGS = [
     (["list", "--json", "--markdown"], "list: argument --markdown: not allowed with argument --json"),
     (["list", "--update-readme", "--json", "--readme", "{T}/missing.md"], "not allowed with argument --update-readme"),
     (["bench", "--resume", "--overwrite", "--out", "{GOOD}"], "bench: argument --overwrite: not allowed with argument --resume"),
+    (["bench", "--retry-noisy", "--out", "{T}/b"], "--retry-noisy measures again the noisy points of a folder: it goes with --resume"),
     (["overhead", "--shape", "4x0"], "must be >= 1"),
     (["overhead", "--out", "{T}"], "is a folder"),
     (["codegen", "helion", "--out", "{BLOCKED}"], "not a folder"),

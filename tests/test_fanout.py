@@ -180,6 +180,25 @@ def test_a_dead_worker_loses_only_its_point_and_resume_completes_what_a_serial_r
     assert [p.name for p in (out / ".fanout").iterdir()] == [p.name for p in first_work]  # the resume's work folder went once merged
 
 
+def test_retry_noisy_fans_out_only_the_noisy_points_and_the_merge_replaces_them(two_gpus, tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv(fanout.WORKER_MODULE, "tests.fanout_worker")
+    out = tmp_path / "fanned"
+    argv = ["bench", *SMALL, "--gpus", "2", "--out", str(out)]
+    assert main(argv) == 0
+    capsys.readouterr()
+    rows = load_results(out / "results.jsonl")
+    noisy = point_key(rows[1])
+    (out / "results.jsonl").write_text("".join(json.dumps({**r, "noisy": point_key(r) == noisy}) + "\n" for r in rows))
+    assert main([*argv, "--resume"]) == 0  # a noisy point counts as measured without the flag
+    assert len(json.loads((out / "meta.json").read_text())["runs"]) == 2
+    assert main([*argv, "--resume", "--retry-noisy"]) == 0
+    after = {point_key(r): r for r in load_results(out / "results.jsonl")}
+    meta = json.loads((out / "meta.json").read_text())
+    assert set(after) == {point_key(r) for r in rows} and not any(r["noisy"] for r in after.values())
+    assert [k for k, r in after.items() if r["run"] >= 2] == [noisy]  # the one point, in the third run's shard
+    assert [r["shard"] for r in meta["runs"]] == ["0/2", "1/2", "0/1"]
+
+
 def test_check_round_trips_through_submitit_local_executor(two_gpus, tmp_path, capsys):
     pytest.importorskip("submitit")
     sel = ["check", "--device", "cpu", "--impl", "eager", "--op", "rmsnorm", "--shapes", "4x64,2x96,8x32", "--dtype", "fp32,bf16", "--quiet"]

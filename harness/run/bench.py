@@ -15,7 +15,8 @@ Method (also in the README):
   as the host's launch speed) as graph replays with the L2 flush in the graph before every call and
   the flushes' own replay subtracted (harness.run.timer);
 * results are appended to ``results.jsonl`` as they come, so an interrupted run keeps what it measured
-  and ``--resume`` skips points already there.
+  and ``--resume`` skips points already there; ``--retry-noisy`` with it measures again the points of
+  the selection that are there but noisy (a noisy timing is no result).
 """
 from __future__ import annotations
 
@@ -37,6 +38,7 @@ from harness.results.store import (
     point_key,
     read_meta,
     read_results,
+    results_text,
     write_atomically,
 )
 from harness.run.checker import run_check
@@ -228,6 +230,7 @@ def run_bench(
     only: set | None = None,
     gpu_id: str | None = None,
     run_info: dict | None = None,
+    retry_noisy: bool = False,
 ) -> list[dict]:
     """Run the benchmark, appending to ``out_dir/results.jsonl``; returns the folder's meta and all
     its rows (those kept by ``resume`` and those measured now), for the report to take as they are.
@@ -240,13 +243,15 @@ def run_bench(
     ``only``: the keys (``planned_key``) of the planned points to run, the others left out (a
     fan-out's shard, harness.run.fanout); ``gpu_id``: recorded with every point and the run
     (default: ``environment.gpu_id``); ``run_info``: more fields of the run's record in meta.json
-    (a shard's number and host)."""
+    (a shard's number and host); ``retry_noisy`` (with ``resume``): the folder's noisy points of this
+    selection are measured again, their rows removed before the run starts (an interrupted run leaves
+    them to the next ``resume``)."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     gpu_id = gpu_id if gpu_id is not None else environment_gpu_id(device)
     with folder_lock(out_dir, "bench"):
         return _run_bench(impls, ops, directions, shape_sets, dtypes, out_dir, resume, device, timer, copy_bandwidth,
-                          command, progress, weights, only, gpu_id, run_info or {})  # fmt: skip
+                          command, progress, weights, only, gpu_id, run_info or {}, retry_noisy)  # fmt: skip
 
 
 # What a run, `report` and `profile` write into a benchmark folder from its points; a run that
@@ -261,8 +266,14 @@ def _start_over(out_dir: Path) -> None:
                 path.unlink()
 
 
+def noisy_in(rows: list[dict], planned: list[tuple]) -> set:
+    """The keys of ``rows`` marked noisy that ``planned`` (``plan``'s points) would measure."""
+    keys = {planned_key(t) for t in planned}
+    return {point_key(r) for r in rows if r.get("noisy") and point_key(r) in keys}
+
+
 def _run_bench(impls, ops, directions, shape_sets, dtypes, out_dir: Path, resume, device, timer, copy_bandwidth, command,
-               progress, weights, only, gpu_id, run_info):  # fmt: skip
+               progress, weights, only, gpu_id, run_info, retry_noisy=False):  # fmt: skip
     results_path = out_dir / "results.jsonl"
     meta_path = out_dir / "meta.json"
     timer = timer or CudaTimer()
@@ -276,6 +287,11 @@ def _run_bench(impls, ops, directions, shape_sets, dtypes, out_dir: Path, resume
         _end_with_complete_line(results_path)
     if not resume:
         _start_over(out_dir)
+    planned = plan(impls, ops, directions, shape_sets, dtypes, weights)
+    again = noisy_in(kept, planned) if retry_noisy else set()
+    if again:
+        kept = [r for r in kept if point_key(r) not in again]
+        write_atomically({results_path: results_text(kept)})
     done = {point_key(r) for r in kept}
     if copy_bandwidth is None:
         from harness.run.timer import measure_copy_bandwidth
@@ -293,7 +309,7 @@ def _run_bench(impls, ops, directions, shape_sets, dtypes, out_dir: Path, resume
                       "flushed_graph_max_bytes": FLUSHED_GRAPH_MAX_BYTES}
     write_atomically({meta_path: meta_text(meta)})
 
-    todo = [t for t in plan(impls, ops, directions, shape_sets, dtypes, weights) if planned_key(t) not in done and (only is None or planned_key(t) in only)]
+    todo = [t for t in planned if planned_key(t) not in done and (only is None or planned_key(t) in only)]
     roof = copy_bandwidth["tbps"]
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 

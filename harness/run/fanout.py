@@ -786,8 +786,10 @@ def _adopt_leftovers(out: Path, kind: str) -> None:
 
 
 # ---------------------------------------------------------------- the commands
-def bench(sc: Scale, impls, ops, directions, shape_sets, dtypes, weights, out: Path, resume: bool, argv, command: str) -> Finished:
-    """`bench --gpus`: the planned points (less those ``out`` holds, with --resume) over the GPUs;
+def bench(sc: Scale, impls, ops, directions, shape_sets, dtypes, weights, out: Path, resume: bool, argv, command: str,
+          retry_noisy: bool = False) -> Finished:  # fmt: skip
+    """`bench --gpus`: the planned points (less those ``out`` holds, with --resume; its noisy ones
+    measured again with ``retry_noisy``, their new rows replacing them at the merge) over the GPUs;
     merged into ``out`` with the report written, or submitted (--no-wait)."""
     from harness.results.store import folder_lock, load_results, point_key, read_meta
     from harness.run import bench as bench_run
@@ -804,11 +806,15 @@ def bench(sc: Scale, impls, ops, directions, shape_sets, dtypes, weights, out: P
                 if have not in (None, gpus[0].name):
                     raise UsageError(f"{out} was measured on {have}, these GPUs are {gpus[0].name}: --resume adds points of the same GPU only (use another --out)")
             if (out / "results.jsonl").exists():
-                done = {point_key(r) for r in load_results(out / "results.jsonl")}
+                held = load_results(out / "results.jsonl")
+                done = {point_key(r) for r in held}
         else:
             bench_run._start_over(out)
             _abandon_leftovers(out, "bench")
-        todo = [t for t in bench_run.plan(impls, ops, directions, shape_sets, dtypes, weights) if bench_run.planned_key(t) not in done]
+        planned = bench_run.plan(impls, ops, directions, shape_sets, dtypes, weights)
+        if resume and retry_noisy and done:
+            done -= bench_run.noisy_in(held, planned)
+        todo = [t for t in planned if bench_run.planned_key(t) not in done]
         units = sharding.bench_units(todo)
         if not units:
             fin = Finished("bench", out, out)
