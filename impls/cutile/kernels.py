@@ -428,6 +428,23 @@ def _odd_rows(phase, block, ROWS):
     return ct.reshape(phase + 8 * (block * ROWS + ct.arange(ROWS, dtype=ct.int32)), (ROWS, 1))
 
 
+def _odd_phase(A, phase, BLOCK_N):
+    """Phase ``phase`` of the (M, N) rows of A, as both kernels take it: (n, start, head, body, rows,
+    cols, lanes, in_body, in_edge), ``rows`` rows (phase + 8k) split by ``_odd_split`` and
+    ``_odd_edges``; in_body and in_edge keep a [1, BLOCK_N] body tile and a [1, 16] edge tile to the
+    columns in use (LayerNorm's x - mean is not 0 past them). The kernel computes the phase, ahead
+    of its grid arithmetic: tileiras's code depends on the order of these operations, not only on
+    what they compute."""
+    m = A.shape[0]
+    n = A.shape[1]
+    start, head, body = _odd_split(phase, n)
+    rows = ct.cdiv(m - phase, 8)
+    cols, lanes = _odd_edges(head, body, n)
+    in_body = ct.reshape(ct.arange(BLOCK_N, dtype=ct.int32) < body, (1, BLOCK_N))
+    in_edge = ct.reshape(lanes, (1, 16))
+    return n, start, head, body, rows, cols, lanes, in_body, in_edge
+
+
 def _edge_at(A, rows, cols, lanes):
     """(flat array, element offsets, mask) of the edge lanes of these rows ([ROWS, 1]) of a contiguous
     (M, N) array: int32 offsets into one flat array (M * N < 2^31, see INDEX_LIMIT) and a mask that
@@ -471,15 +488,9 @@ def _fwd_odd_kernel(
     """The forward of realigned rows: program p takes phase p mod 8 and that phase's row blocks
     p // 8, p // 8 + G, ... (G = programs / 8), ROWS rows 8 apart to a block; bodies loaded and
     stored as [ROWS, BLOCK_N] tiles of the phase's aligned array, heads and tails element-wise."""
-    m = Y.shape[0]
-    n = Y.shape[1]
     phase = ct.bid(0) % 8
     groups = ct.num_blocks(0) // 8
-    start, head, body = _odd_split(phase, n)
-    rows = ct.cdiv(m - phase, 8)
-    cols, lanes = _odd_edges(head, body, n)
-    in_body = ct.reshape(ct.arange(BLOCK_N, dtype=ct.int32) < body, (1, BLOCK_N))
-    in_edge = ct.reshape(lanes, (1, 16))
+    n, start, head, body, rows, cols, lanes, in_body, in_edge = _odd_phase(Y, phase, BLOCK_N)
     xs = _phase_body(X, start, rows, body)
     ys = _phase_body(Y, start, rows, body)
     # weight and bias gathered once per program, shifted to the phase's columns
@@ -532,16 +543,10 @@ def _bwd_odd_kernel(
     """The backward of realigned rows: program p takes phase p mod 8 and a contiguous range of that
     phase's row blocks (``_bwd_kernel``'s split, per phase); its dweight / dbias accumulate in
     the phase's columns and go to partial row p in natural column order."""
-    m = DX.shape[0]
-    n = DX.shape[1]
     phase = ct.bid(0) % 8
     group = ct.bid(0) // 8
     groups = ct.num_blocks(0) // 8
-    start, head, body = _odd_split(phase, n)
-    rows = ct.cdiv(m - phase, 8)
-    cols, lanes = _odd_edges(head, body, n)
-    in_body = ct.reshape(ct.arange(BLOCK_N, dtype=ct.int32) < body, (1, BLOCK_N))
-    in_edge = ct.reshape(lanes, (1, 16))
+    n, start, head, body, rows, cols, lanes, in_body, in_edge = _odd_phase(DX, phase, BLOCK_N)
     n_blocks = ct.cdiv(rows, ROWS)
     share = n_blocks // groups
     extra = n_blocks % groups
