@@ -798,7 +798,7 @@ def bench(sc: Scale, impls, ops, directions, shape_sets, dtypes, weights, out: P
     out = Path(out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     with folder_lock(out, "bench"):
-        done: set = set()
+        held: list = []  # the folder's rows, with --resume
         if resume:
             _adopt_leftovers(out, "bench")
             if (out / "meta.json").exists() and gpus:
@@ -807,13 +807,11 @@ def bench(sc: Scale, impls, ops, directions, shape_sets, dtypes, weights, out: P
                     raise UsageError(f"{out} was measured on {have}, these GPUs are {gpus[0].name}: --resume adds points of the same GPU only (use another --out)")
             if (out / "results.jsonl").exists():
                 held = load_results(out / "results.jsonl")
-                done = {point_key(r) for r in held}
         else:
             bench_run._start_over(out)
             _abandon_leftovers(out, "bench")
         planned = bench_run.plan(impls, ops, directions, shape_sets, dtypes, weights)
-        if resume and retry_noisy and done:
-            done -= bench_run.noisy_in(held, planned)
+        done = {point_key(r) for r in held} - (bench_run.noisy_in(held, planned) if retry_noisy else set())
         todo = [t for t in planned if bench_run.planned_key(t) not in done]
         units = sharding.bench_units(todo)
         if not units:
