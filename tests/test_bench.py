@@ -347,6 +347,9 @@ def test_retry_noisy_measures_again_only_the_selected_noisy_points(tmp_path):
     timer.spread = 2 * NOISY_SPREAD
     _, same = run_bench([get("eager")], ["rmsnorm"], ["fwd", "bwd"], shapes, ["bf16"], tmp_path, resume=True, **common)
     assert [r for r in same if r["run"] == 2] == [] and len(same) == 4
+    with pytest.raises(ValueError, match="goes with resume"):
+        run_bench([get("eager")], ["rmsnorm"], ["fwd"], shapes, ["bf16"], tmp_path / "new", retry_noisy=True, **common)
+    assert not (tmp_path / "new").exists()
 
 
 def test_between_points_are_drawn_on_the_sweeps_axes(tmp_path, monkeypatch):

@@ -246,6 +246,8 @@ def run_bench(
     (a shard's number and host); ``retry_noisy`` (with ``resume``): the folder's noisy points of this
     selection are measured again, their rows removed before the run starts (an interrupted run leaves
     them to the next ``resume``)."""
+    if retry_noisy and not resume:
+        raise ValueError("retry_noisy measures again the noisy points of a folder: it goes with resume")
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     gpu_id = gpu_id if gpu_id is not None else environment_gpu_id(device)
