@@ -45,11 +45,11 @@ def flushes():
         cache.zero_()
 
     def read():
-        torch.sum(words, dtype=torch.int64, out=out)
+        torch.sum(words, 0, dtype=torch.int64, out=out)
 
     def zero_read():
         cache.zero_()
-        torch.sum(words, dtype=torch.int64, out=out)
+        torch.sum(words, 0, dtype=torch.int64, out=out)
 
     return {"zero": zero, "read": read, "zero+read": zero_read}
 

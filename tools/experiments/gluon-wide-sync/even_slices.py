@@ -9,7 +9,7 @@ A variant is (slice columns, warps along N, rows a block, programs per SM); "pla
 own launch; "whole" is one program per row, the row in one power-of-two tile (16 warps), which the
 plan leaves above 8192 columns because its dw and db spill.
 
-python tools/experiments/gluon-wide-sync/even_slices.py OUT [N,...]
+ROUND=1|2 python tools/experiments/gluon-wide-sync/even_slices.py OUT [N,...]
 """
 
 from __future__ import annotations
@@ -31,13 +31,22 @@ from harness.spec.shapes import Shape
 
 ELEMS = 2**27
 OPS = ("rmsnorm", "layernorm", "add_rmsnorm")
-WIDTHS = (10240, 12288, 16384, 24576)
-# (slice, warps along N, rows a block, programs per SM); None: the plan's own; "whole": one tile
-VARIANTS = (
-    "plan", "whole",
-    (2048, 4, 1, 1), (2048, 4, 1, 4), (2048, 8, 1, 2),
-    (4096, 8, 1, 1), (4096, 8, 2, 1), (4096, 16, 1, 1), (4096, 8, 1, 2),
-)  # fmt: skip
+# (slice, warps along N, rows a block, programs per SM); "plan": the plan's own; "whole": one tile.
+# The first round (``ROUND=1``) crossed slices and warps at one program per SM with a few of more;
+# the second (the default) took its winners' shape to more programs per SM and more widths.
+ROUNDS = {
+    "1": ((10240, 12288, 16384, 24576), (
+        "plan", "whole",
+        (2048, 4, 1, 1), (2048, 4, 1, 4), (2048, 8, 1, 2),
+        (4096, 8, 1, 1), (4096, 8, 2, 1), (4096, 16, 1, 1), (4096, 8, 1, 2),
+    )),
+    "2": ((10240, 12288, 16384, 20480, 24576, 32768, 49152, 65536), (
+        "plan",
+        (2048, 4, 1, 3), (2048, 4, 1, 4), (2048, 2, 1, 4), (1024, 4, 1, 4),
+        (4096, 8, 1, 2), (4096, 8, 2, 1), (4096, 4, 1, 2),
+    )),
+}  # fmt: skip
+WIDTHS, VARIANTS = ROUNDS[os.environ.get("ROUND", "2")]
 
 
 def name(v) -> str:
@@ -55,7 +64,7 @@ def main(out_dir: str, widths) -> None:
     os.makedirs(out_dir, exist_ok=True)
     impl = get("gluon")
     kernels = impl.kernels("cuda")
-    meta = start_meta(variants=[name(v) for v in VARIANTS])
+    meta = start_meta(round=os.environ.get("ROUND", "2"), variants=[name(v) for v in VARIANTS])
     copy = meta["copy_before"]["tbps"]
     sms = torch.cuda.get_device_properties(0).multi_processor_count
 
