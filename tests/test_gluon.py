@@ -138,6 +138,71 @@ def test_the_backward_grid_reads_the_binary_once_per_key(monkeypatch):
     assert warmed == [t.num_warps]
 
 
+def test_spread_slices_cover_16_bit_rows_between_one_program_and_the_wide_slices():
+    """16-bit rows in 16-byte vectors above ``BWD_ROW_MAX`` and within ``SPREAD_SLICES``' bounds
+    take narrow exchanging slices, several programs per SM; fp32 rows, odd widths and wider rows
+    keep the 8192-column slices."""
+    from impls.gluon import plan as P
+
+    for layernorm, bounds in P.SPREAD_SLICES.items():
+        low = P.BWD_ROW_MAX + 8
+        for (most_n, columns, warps, per_sm), first in zip(bounds, (low, *(b[0] + 8 for b in bounds))):
+            for n in (first, most_n):
+                p = P.plan("bwd", n, 2, layernorm)
+                assert (p.tile.width, p.tile.num_warps, p.per_sm, p.exchange) == (columns, warps, per_sm, True), (n, p)
+                assert p.pieces == -(-n // columns) and p.tile.rows == 1 and p.tile.vec == 8
+        wider = P.plan("bwd", bounds[-1][0] * 2, 2, layernorm)
+        assert wider.tile.width == P.BWD_SLICE and wider.per_sm == 1
+        for n, elem_size in ((12288, 4), (10001, 2)):  # fp32 rows; no 16-byte vectors
+            assert P.plan("bwd", n, elem_size, layernorm).per_sm == 1
+    assert P.plan("bwd", P.BWD_ROW_MAX, 2).pieces == 1
+
+
+@pytest.mark.parametrize("held", [1, 3, 4])
+def test_spread_slices_grid_stays_resident(monkeypatch, held):
+    """The exchanging siblings must all be resident: the grid is at most the plan's programs per SM
+    and at most what the binary lets an SM hold (``_resident``), in whole row groups."""
+    from impls.gluon import kernels as k
+    from impls.gluon.plan import plan
+
+    launched = []
+    monkeypatch.setattr(k, "_launch", lambda kernel, grid, args, constexprs, warps: launched.append((kernel, grid, constexprs)))
+    monkeypatch.setattr(k, "sm_count", lambda device: 132)
+    monkeypatch.setattr(k, "_resident", lambda *args: held)
+    for n in (12288, 24576):
+        for layernorm, fused in ((False, False), (True, False), (False, True)):
+            p = plan("bwd", n, 2, layernorm)
+            x = torch.empty(1, n, dtype=torch.bfloat16).expand(2048, n)  # nothing runs: no memory
+            launched.clear()
+            with k.compile_only():
+                k.norm_bwd(x, x if fused else None, x, x[0], x[:, 0].float() if layernorm else None, x[:, 0].float(), layernorm)
+            (grid,), constexprs = next((g, c) for kern, g, c in launched if kern is k._bwd_kernel)
+            assert constexprs["SYNC"] and constexprs["SLICES"] == p.pieces, (n, layernorm)
+            assert grid % p.pieces == 0 and grid == min(held, p.per_sm) * 132 // p.pieces * p.pieces, (n, layernorm, grid)
+
+
+@pytest.mark.slow
+def test_spread_slices_compile_and_wait_within_a_warp(gluon_kernels):
+    """The narrow exchanging slices (bf16, N = 12288 and 32768) compile for sm_90a for every op:
+    no row-sums kernel, the plan's warps, a barrier-free wait, 128-bit loads."""
+    from harness.spec.ptx import spin_barriers
+    from impls.gluon.plan import plan
+
+    k = gluon_kernels
+    for n in (12288, 32768):
+        x = torch.randn(2, n, dtype=torch.bfloat16)
+        w = torch.randn(n, dtype=torch.bfloat16)
+        for layernorm, fused in ((False, False), (True, False), (False, True)):
+            with k.compile_only() as compiled:
+                k.norm_bwd(x, x if fused else None, x, w, torch.zeros(2) if layernorm else None, torch.ones(2), layernorm)
+            names = [c.metadata.name for c in compiled]
+            assert names == ["_bwd_kernel", "_sum_partials_kernel"], (n, layernorm, fused, names)
+            main = compiled[0]
+            assert main.metadata.num_warps == plan("bwd", n, 2, layernorm).tile.num_warps
+            assert spin_barriers(main.asm["ptx"]) == 0, (n, layernorm, fused)
+            assert "ld.global.v4" in main.asm["ptx"], (n, layernorm, fused)
+
+
 def test_plan_rejects_bad_arguments():
     from impls.gluon.plan import plan, tile
 

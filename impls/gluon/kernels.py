@@ -56,9 +56,12 @@ Design decisions:
   and a barrier every block, which for small rows costs more than the block's loads. Rows wider
   than ``BWD_ROW_MAX`` are cut into column slices, one per program of a row group. Their row
   reductions c1, c2 travel between the sibling programs: each posts its slice's sums of a row block
-  to global memory and waits for the others' (``Plan.exchange``; one program per SM, so all are
-  resident), so x and dy are read once; elsewhere they come from ``_bwd_row_sums_kernel``'s
-  per-(row, slice) sums, x and dy read twice.
+  to global memory and waits for the others' (``Plan.exchange``; no more programs than the SMs
+  hold at once, ``Plan.per_sm`` each at most, so all are resident), so x and dy are read once;
+  elsewhere they come from ``_bwd_row_sums_kernel``'s per-(row, slice) sums, x and dy read twice.
+  On 16-bit rows up to 32768 columns (LayerNorm: 65536) the slices are narrow (2048-4096 columns
+  on 2-8 warps) and an SM runs two to four programs: while one waits for its siblings' sums, the
+  others' loads are in flight (``plan.SPREAD_SLICES``).
 * Rows whose length is no multiple of a 16-byte vector (16-bit x, N = 4001) start anywhere within
   a vector, so the row kernels above move them element-wise: a 2-byte access per element keeps the
   load/store units, not DRAM, busy. Where the plan says so (``plan.REALIGNED``: whole rows, (M, N)
@@ -511,8 +514,8 @@ def _bwd_kernel(
     be (T, NH, N) views (HEADS); dx is (M, N). With SYNC the siblings of a row group post their
     slices' row sums to ROW_SUMS (int64 slots, zeroed by the launcher) and wait for each other's,
     the next block's loads already in flight: x and dy are read once (without it, from
-    ``_bwd_row_sums_kernel``'s sums: twice). The launcher keeps the grid resident (one program per
-    SM)."""
+    ``_bwd_row_sums_kernel``'s sums: twice). The launcher keeps the grid resident (at most
+    ``Plan.per_sm`` programs per SM, and no more than the binary lets an SM hold)."""
     row_layout: gl.constexpr = gl.SliceLayout(1, layout)
     col_layout: gl.constexpr = gl.SliceLayout(0, layout)
     me = gl.program_id(0) % SLICES
@@ -930,13 +933,14 @@ def norm_bwd(dy, dres, x, weight, mean, rstd, layernorm: bool):
     # one partial row of dw / db per row group, for at most as many groups as fill the SMs' threads
     # (the binary's registers may allow fewer: ``_resident``)
     most = min(_grid_rows(M, t), max(1, programs_per_sm(t) * sm_count(x.device) // slices))
-    # the siblings exchange their row sums where they can all be resident (one program per SM) and
+    # the siblings exchange their row sums where they can all be resident (the plan's programs per
+    # SM at most, then no more than the binary lets an SM hold: ``groups`` below) and
     # wait within a warp (``_await_sums``); the interpreter runs programs one after another: there,
     # and past those limits, the row-sums kernel
     sync = (p.exchange and EXCHANGE and (x.is_cuda or bool(_COMPILE_ONLY)) and not _INTERPRETED
             and t.rows * next_pow2(slices) <= SYNC_SLOTS_MAX and (slices <= sm_count(x.device) or bool(_COMPILE_ONLY)))  # fmt: skip
     if sync:
-        most = min(most, max(1, sm_count(x.device) // slices))
+        most = min(most, max(1, p.per_sm * sm_count(x.device) // slices))
     partials = torch.empty((max(n_sums, 1), most, N), dtype=torch.float32, device=x.device)
     w = x if weight is None else weight  # x, rstd: placeholders, never read
     mean = rstd if mean is None else mean

@@ -43,6 +43,17 @@ since Volta, not on SM counts or clocks):
   up to ``EXCHANGE_SLICES`` slices (at 32 it lost whatever the warps: 28-41% against 54-61%), on
   8 warps from 7 slices (16 warps lost from 8: 53% at 131072 against 67% on 8), LayerNorm only from
   two whole slices and up to four slices of fp32 rows (fp32 at 8 warps not measured).
+* the exchanging slices of 16-bit rows in 16-byte vectors up to ``SPREAD_SLICES``' bounds (32768
+  columns, LayerNorm's 65536) are narrow and several to an SM: 2048 columns on 4 warps, four a
+  program per SM, up to 16384 (LayerNorm: on 2 warps up to 20480), then 4096 columns on 8 warps
+  (LayerNorm: 4), two per SM. A program waiting for its siblings' sums leaves the SM to the others'
+  loads, where one program per SM (8192-column slices) idled at every wait; and a row of 10240 or
+  12288 columns no longer makes one full 8192-column slice and a part whose programs idle half the
+  time. Measured on an H100 against those (reports/experiments/gluon-wide-sync/, round 2): RMSNorm
+  54-76 -> 81-83% at 10240-24576, LayerNorm 52-65 -> 72-78% at 10240-32768 (49152-65536: 66-70 ->
+  71-72), the fused add 70-78 -> 82-84% at 10240-12288 and 20480; from 49152 (RMSNorm, the fused
+  add) the 8192-column slices stayed ahead. The launcher still caps the programs per SM at what the
+  binary lets an SM hold, so the siblings are always resident.
 * rows of 16-bit x whose length is no multiple of a 16-byte vector (N = 4001), whole rows: the
   realigned kernels (``kernels``: each row's body in 16-byte vectors from its first aligned
   element, its head and tail element-wise) where ``REALIGNED`` has an entry for the direction, op
@@ -84,6 +95,13 @@ EXCHANGE_SLICES_FP32_LAYERNORM = 4
 # layout rules' 16)
 BWD_SLICE_WARPS = 8
 EXCHANGE_WIDE = 7
+# 16-bit rows in 16-byte vectors from BWD_ROW_MAX up to the bound: narrower slices on fewer warps,
+# several exchanging programs per SM (see above). layernorm -> ((up to N, slice columns, warps,
+# programs per SM), ...); wider rows take the 8192-column slices
+SPREAD_SLICES = {
+    False: ((16384, 2048, 4, 4), (32768, 4096, 8, 2)),
+    True: ((20480, 2048, 2, 4), (65536, 4096, 4, 2)),
+}
 THREADS_PER_SM = 2048
 REGISTERS_PER_SM = 65536
 REGISTER_UNIT = 256  # registers are allocated per warp in units of 256
@@ -179,6 +197,7 @@ class Plan:
     tile: Tile
     pieces: int  # 1: the whole row in one tile; > 1: chunks (forward) or slices (backward)
     exchange: bool = False  # backward slices: exchange their row sums (else the row-sums kernel)
+    per_sm: int = 1  # exchanging slices: programs an SM may run at once (all must be resident)
 
     @property
     def wide(self) -> bool:
@@ -194,7 +213,8 @@ def plan(direction: str, n: int, elem_size: int, layernorm: bool = False) -> Pla
     constants above, which experiments and tests change)."""
     key = (direction, n, elem_size, layernorm, VECTOR_BYTES, WARP, MAX_WARPS, MIN_WARPS, FWD_ROW_BYTES, BWD_ROW_MAX,
            FWD_CHUNK, BWD_SLICE, SMALL_ROW_VECS, LANE_VECS, NARROW_ELEMENTS, tuple(LAYERNORM_BWD_ROWS.items()),
-           EXCHANGE_SLICES, EXCHANGE_SLICES_FP32_LAYERNORM, BWD_SLICE_WARPS, EXCHANGE_WIDE)  # fmt: skip
+           EXCHANGE_SLICES, EXCHANGE_SLICES_FP32_LAYERNORM, BWD_SLICE_WARPS, EXCHANGE_WIDE,
+           tuple((k, v) for k, v in SPREAD_SLICES.items()))  # fmt: skip
     got = _PLANS.get(key)
     if got is None:
         got = _PLANS[key] = _plan(direction, n, elem_size, layernorm)
@@ -210,6 +230,11 @@ def _plan(direction: str, n: int, elem_size: int, layernorm: bool = False) -> Pl
     width = next_pow2(n)
     vec = vector(n, elem_size)
     if width > limit:
+        spread = direction == "bwd" and vec == VECTOR_BYTES // elem_size == 8
+        for most_n, columns, warps, per_sm in SPREAD_SLICES.get(layernorm, ()) if spread else ():
+            if n <= most_n:
+                t = Tile(columns, vec, (WARP // min(WARP, columns // vec), min(WARP, columns // vec)), (1, warps))
+                return Plan(t, -(-n // columns), True, per_sm)
         pieces = -(-n // piece)
         most = EXCHANGE_SLICES_FP32_LAYERNORM if layernorm and elem_size == 4 else EXCHANGE_SLICES
         # LayerNorm on one whole slice and a part lost (10240, 12288)

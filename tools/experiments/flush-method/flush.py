@@ -1,18 +1,20 @@
-"""How the L2 flush before each timed call weighs on a point, by size: a plain copy (one read, one
-write: a forward's traffic) and a two-input add (two reads, one write: a backward's) of S bytes per
-tensor, each timed at every size as the harness times its short points (``CudaTimer``'s flushed
-graph replays: the flush and the call captured together, the flushes alone subtracted), with three
-flushes:
+"""How the L2 flush before each timed call weighs on a point, by size: a negation (one read, one
+write: a forward's traffic), a two-input add (two reads, one write: a backward's) and ``copy_`` (which
+a CUDA graph captures as a memcpy node, not a kernel) of S bytes per tensor, each timed at every size
+as the harness times its short points (``CudaTimer``'s flushed graph replays: the flush and the call
+captured together, the flushes alone subtracted), with three flushes:
 
 * ``zero``: ``cache.zero_()`` of 256 MB, what ``triton.testing.do_bench`` and the harness do. It
-  leaves the L2 full of dirty lines, which the timed call then writes back to DRAM as its own reads
-  and writes evict them: traffic that is not the kernel's.
-* ``read``: a sum over a 256 MB buffer: the L2 is left holding clean lines, so nothing is owed.
-* ``zero+read``: both, in that order (the dirty lines written back before the timed call starts).
+  leaves the L2 full of dirty lines, which the timed call writes back to DRAM as its own accesses
+  evict them: traffic that is not the kernel's. Its own last writes stay in L2 (written back during
+  the next flush): traffic of the kernel's that is not timed.
+* ``read``: a sum over a 256 MB buffer: the L2 is left holding clean lines, so nothing is owed, and
+  the kernel's last writes still stay in L2.
+* ``zero+read``: both, in that order.
 
-Each is a fraction of the copy bandwidth the harness measures (1 GiB ``copy_``, do_bench). If the
-short copies reach much less of it than the long ones under ``zero`` but not under ``read``, the
-flush, not the kernels, sets the ceiling of short points.
+Each is a fraction of the copy bandwidth the harness measures (1 GiB ``copy_``, do_bench): what a
+kernel as simple as an elementwise one reaches at a point's size under the harness's flush is the
+ceiling of that size's points.
 
 python tools/experiments/flush-method/flush.py OUT
 """
@@ -98,7 +100,11 @@ def main(out_dir: str) -> None:
         a = torch.randn(n, device="cuda", dtype=torch.bfloat16)
         b = torch.randn(n, device="cuda", dtype=torch.bfloat16)
         c = torch.empty_like(a)
-        kinds = {"copy": (lambda a=a, c=c: c.copy_(a), 2), "add": (lambda a=a, b=b, c=c: torch.add(a, b, out=c), 3)}
+        kinds = {
+            "copy": (lambda a=a, c=c: c.copy_(a), 2),
+            "neg": (lambda a=a, c=c: torch.neg(a, out=c), 2),
+            "add": (lambda a=a, b=b, c=c: torch.add(a, b, out=c), 3),
+        }
         for kind, (fn, tensors) in kinds.items():
             moved = tensors * size * MB
             rec = {"kind": kind, "mb_per_tensor": size, "bytes_moved": moved}

@@ -1,7 +1,7 @@
 """Repeated launches of Gluon's exchanging wide-row backward as the plan runs it: launches with a NaN
 row (a wait that ran out), launches whose dx differs from the first, bf16, M * N = 2^27.
 
-python tools/experiments/gluon-wide-sync/stress.py OUT [LAUNCHES]
+python tools/experiments/gluon-wide-sync/stress.py OUT [LAUNCHES]     (STRESS_N: the widths, comma-separated)
 """
 
 from __future__ import annotations
@@ -17,7 +17,8 @@ from harness.spec.contract import DTYPES
 from harness.spec.inputs import make_case
 from harness.spec.shapes import Shape
 
-CASES = [(op, n) for op in ("rmsnorm", "layernorm", "add_rmsnorm") for n in (16384, 24576, 49152, 65536, 131072)]
+WIDTHS = tuple(int(n) for n in os.environ.get("STRESS_N", "16384,24576,49152,65536,131072").split(","))
+CASES = [(op, n) for op in ("rmsnorm", "layernorm", "add_rmsnorm") for n in WIDTHS]
 
 
 def main(out_dir, launches):
@@ -39,7 +40,7 @@ def main(out_dir, launches):
                         first = dx.clone()
                     differ += not torch.equal(first, dx)
                 p = plan("bwd", n, 2, op == "layernorm")
-                rec = {"op": op, "N": n, "M": m, "exchange": p.exchange, "warps": p.tile.num_warps,
+                rec = {"op": op, "N": n, "M": m, "exchange": p.exchange, "warps": p.tile.num_warps, "slice": p.tile.width, "per_sm": p.per_sm,
                        "launches": launches, "launches_with_nan": nan, "launches_differing": differ}  # fmt: skip
                 out.write(json.dumps(rec) + "\n")
                 print(json.dumps(rec), flush=True)
