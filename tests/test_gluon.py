@@ -99,7 +99,7 @@ def test_layernorm_backward_takes_two_rows_a_program_on_8_warp_rows():
 
 
 def test_resident_programs_count_the_binding_limit():
-    from impls.gluon.plan import resident_programs
+    from harness.spec.occupancy import resident_programs
 
     assert resident_programs(4, 32, 0) == 16  # threads: 2048 / 128
     assert resident_programs(4, 128, 0) == 4  # registers: 65536 / (128 * 128)
@@ -113,8 +113,9 @@ def test_the_backward_grid_reads_the_binary_once_per_key(monkeypatch):
     shared memory, compiled once per key; without a GPU, the thread limit's count."""
     from types import SimpleNamespace
 
+    from harness.spec.occupancy import resident_programs
     from impls.gluon import kernels
-    from impls.gluon.plan import programs_per_sm, resident_programs, tile
+    from impls.gluon.plan import programs_per_sm, tile
 
     warmed = []
 
@@ -166,7 +167,9 @@ def test_spread_slices_grid_stays_resident(monkeypatch, held):
     from impls.gluon.plan import plan
 
     launched = []
-    monkeypatch.setattr(k, "_launch", lambda kernel, grid, args, constexprs, warps: launched.append((kernel, grid, constexprs)))
+    monkeypatch.setattr(
+        k, "_launch", lambda kernel, grid, args, constexprs, warps: launched.append((kernel, grid, constexprs))
+    )
     monkeypatch.setattr(k, "sm_count", lambda device: 132)
     monkeypatch.setattr(k, "_resident", lambda *args: held)
     for n in (12288, 24576):
@@ -175,10 +178,13 @@ def test_spread_slices_grid_stays_resident(monkeypatch, held):
             x = torch.empty(1, n, dtype=torch.bfloat16).expand(2048, n)  # nothing runs: no memory
             launched.clear()
             with k.compile_only():
-                k.norm_bwd(x, x if fused else None, x, x[0], x[:, 0].float() if layernorm else None, x[:, 0].float(), layernorm)
+                k.norm_bwd(
+                    x, x if fused else None, x, x[0], x[:, 0].float() if layernorm else None, x[:, 0].float(), layernorm
+                )
             (grid,), constexprs = next((g, c) for kern, g, c in launched if kern is k._bwd_kernel)
             assert constexprs["SYNC"] and constexprs["SLICES"] == p.pieces, (n, layernorm)
-            assert grid % p.pieces == 0 and grid == min(held, p.per_sm) * 132 // p.pieces * p.pieces, (n, layernorm, grid)
+            want = min(held, p.per_sm) * 132 // p.pieces * p.pieces
+            assert grid % p.pieces == 0 and grid == want, (n, layernorm, grid, want)
 
 
 @pytest.mark.slow
@@ -194,7 +200,9 @@ def test_spread_slices_compile_and_wait_within_a_warp(gluon_kernels):
         w = torch.randn(n, dtype=torch.bfloat16)
         for layernorm, fused in ((False, False), (True, False), (False, True)):
             with k.compile_only() as compiled:
-                k.norm_bwd(x, x if fused else None, x, w, torch.zeros(2) if layernorm else None, torch.ones(2), layernorm)
+                k.norm_bwd(
+                    x, x if fused else None, x, w, torch.zeros(2) if layernorm else None, torch.ones(2), layernorm
+                )
             names = [c.metadata.name for c in compiled]
             assert names == ["_bwd_kernel", "_sum_partials_kernel"], (n, layernorm, fused, names)
             main = compiled[0]

@@ -97,8 +97,9 @@ from triton.experimental.gluon import language as gl
 
 from harness.spec.contract import contract_functions
 from harness.spec.jit_launch import launch_named
+from harness.spec.occupancy import resident_programs
 
-from .plan import Plan, Realigned, Tile, next_pow2, plan, programs_per_sm, realigned_plan, resident_programs, tile
+from .plan import Plan, Realigned, Tile, next_pow2, plan, programs_per_sm, realigned_plan, tile
 
 
 # ========================================================================== device functions

@@ -71,7 +71,7 @@ since Volta, not on SM counts or clocks):
   as they won).
 * the persistent backward grid is as many programs as the SMs hold at once: kernels.py reads the
   compiled binary's registers and shared memory and counts the programs an SM keeps resident
-  (``resident_programs``), so that no program waits for a second wave; without a binary to read
+  (``harness.spec.occupancy``), so that no program waits for a second wave; without a binary to read
   (compile-only), up to 2048 threads of programs per SM (the thread limit from Volta to Hopper).
 """
 
@@ -79,6 +79,8 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
+
+from harness.spec.occupancy import THREADS_PER_SM
 
 VECTOR_BYTES = 16
 WARP = 32
@@ -102,11 +104,6 @@ SPREAD_SLICES = {
     False: ((16384, 2048, 4, 4), (32768, 4096, 8, 2)),
     True: ((20480, 2048, 2, 4), (65536, 4096, 4, 2)),
 }
-THREADS_PER_SM = 2048
-REGISTERS_PER_SM = 65536
-REGISTER_UNIT = 256  # registers are allocated per warp in units of 256
-SHARED_PER_SM = 228 * 1024  # bytes of shared memory per SM (Hopper), 1 KB of it reserved per program
-PROGRAMS_PER_SM = 32
 SMALL_ROW_VECS = 64  # rows of at most this many vectors (1 KB of 16-bit x) take the small-row tile
 LANE_VECS = 2  # small rows: vectors of a row per lane
 THREAD_VECS = {"fwd": 4, "bwd": 2}  # small rows: vectors of x per thread per tile
@@ -295,14 +292,3 @@ def programs_per_sm(t: Tile) -> int:
     """Resident programs per SM for the persistent backward without a binary to read: as many as
     fill its threads."""
     return max(1, THREADS_PER_SM // (t.num_warps * WARP))
-
-
-def resident_programs(num_warps: int, registers: int, shared: int) -> int:
-    """Programs of ``num_warps`` warps, ``registers`` per thread and ``shared`` bytes of shared
-    memory that one SM holds at once (the limits of sm_80 to sm_90: threads, registers allocated
-    per warp in units of 256, shared memory, 32 programs)."""
-    per_warp = -(-max(registers, 1) * WARP // REGISTER_UNIT) * REGISTER_UNIT
-    by_registers = REGISTERS_PER_SM // (per_warp * num_warps)
-    by_threads = THREADS_PER_SM // (num_warps * WARP)
-    by_shared = SHARED_PER_SM // (shared + 1024)
-    return max(1, min(by_registers, by_threads, by_shared, PROGRAMS_PER_SM))

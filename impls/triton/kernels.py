@@ -124,6 +124,7 @@ import triton.language as tl
 
 from harness.spec.contract import contract_functions
 from harness.spec.jit_launch import fast
+from harness.spec.occupancy import held
 
 from .configs import Config, bucket, choose, for_weight, sm_count
 
@@ -524,6 +525,9 @@ def norm_fwd(x, weight, bias, eps, layernorm: bool, config: Config | None = None
 SPIN_LIMIT = 1 << 20
 # The most slots (rows x slices, padded to a power of two) a block may wait on: one warp's lanes.
 SYNC_SLOTS_MAX = 32
+# (config, N, dtypes, flags, device) -> programs of the exchanging slice kernel's binary an SM holds
+_SYNC_HELD: dict = {}
+
 
 @triton.jit
 def _row_block_range(M, ROWS: tl.constexpr, worker, workers):
@@ -966,7 +970,10 @@ def launch_bwd(cfg: Config, dy, x, weight, mean, rstd, layernorm: bool, dx, sums
     # first kernel instead.
     sync = (bool(cfg.slice and cfg.sync) and x.is_cuda and slices <= sm_count(x.device)
             and cfg.rows * triton.next_power_of_2(slices) <= SYNC_SLOTS_MAX)  # fmt: skip
-    programs_per_sm = 1 if sync else cfg.programs_per_sm
+    # Several exchanging programs per SM (``cfg.programs_per_sm``) only once the binary has said that
+    # an SM holds them: the first launch of each binary runs one per SM
+    held_key = (cfg, N, x.dtype, w.dtype, layernorm, dresidual is not None, heads > 0, x.get_device()) if sync else None
+    programs_per_sm = min(cfg.programs_per_sm, _SYNC_HELD.get(held_key, 1)) if sync else cfg.programs_per_sm
     # one partial row of dw / db per program, or per row group of the slice kernel
     stride, vec = realigned(cfg, N, heads, (dy, x, dres, dx))
     if stride:
@@ -998,6 +1005,8 @@ def launch_bwd(cfg: Config, dy, x, weight, mean, rstd, layernorm: bool, dx, sums
             cfg.rows, cfg.slice, slices, triton.next_power_of_2(slices), cfg.row_sums or cfg.sync,
             min(cfg.chunk or cfg.slice, cfg.slice), heads > 0, sync, SPIN_LIMIT, cfg.ahead, num_warps=cfg.warps,
         )  # fmt: skip
+        if sync and held_key not in _SYNC_HELD and cfg.programs_per_sm > 1:
+            _SYNC_HELD[held_key] = held(compiled, cfg.warps)
     else:
         args = (
             dy, x, w, mean, rstd, dres, dx, partials[0], partials[n_sums - 1],
