@@ -1,7 +1,8 @@
 """Repeated launches of Gluon's exchanging wide-row backward as the plan runs it: launches with a NaN
 row (a wait that ran out), launches whose dx differs from the first, bf16, M * N = 2^27.
 
-python tools/experiments/gluon-wide-sync/stress.py OUT [LAUNCHES]     (STRESS_N: the widths, comma-separated)
+python tools/experiments/gluon-wide-sync/stress.py OUT [LAUNCHES]
+    STRESS_N: the widths (comma-separated); STRESS_IMPL: gluon (default) or triton; STRESS_OPS
 """
 
 from __future__ import annotations
@@ -18,7 +19,9 @@ from harness.spec.inputs import make_case
 from harness.spec.shapes import Shape
 
 WIDTHS = tuple(int(n) for n in os.environ.get("STRESS_N", "16384,24576,49152,65536,131072").split(","))
-CASES = [(op, n) for op in ("rmsnorm", "layernorm", "add_rmsnorm") for n in WIDTHS]
+IMPL = os.environ.get("STRESS_IMPL", "gluon")
+OPS = tuple(os.environ.get("STRESS_OPS", "rmsnorm,layernorm,add_rmsnorm").split(","))
+CASES = [(op, n) for op in OPS for n in WIDTHS]
 
 
 def main(out_dir, launches):
@@ -27,7 +30,7 @@ def main(out_dir, launches):
     from impls.gluon.plan import plan
 
     os.makedirs(out_dir, exist_ok=True)
-    kernels = get("gluon").kernels("cuda")
+    kernels = get(IMPL).kernels("cuda")
     with open(os.path.join(out_dir, "stress.jsonl"), "w") as out:
         for op, n in CASES:
             for m in (2**27 // n, 37):
@@ -39,9 +42,11 @@ def main(out_dir, launches):
                     if first is None:
                         first = dx.clone()
                     differ += not torch.equal(first, dx)
-                p = plan("bwd", n, 2, op == "layernorm")
-                rec = {"op": op, "N": n, "M": m, "exchange": p.exchange, "warps": p.tile.num_warps, "slice": p.tile.width, "per_sm": p.per_sm,
-                       "launches": launches, "launches_with_nan": nan, "launches_differing": differ}  # fmt: skip
+                rec = {"impl": IMPL, "op": op, "N": n, "M": m, "launches": launches, "launches_with_nan": nan,
+                       "launches_differing": differ}  # fmt: skip
+                if IMPL == "gluon":
+                    p = plan("bwd", n, 2, op == "layernorm")
+                    rec.update(exchange=p.exchange, warps=p.tile.num_warps, slice=p.tile.width, per_sm=p.per_sm)
                 out.write(json.dumps(rec) + "\n")
                 print(json.dumps(rec), flush=True)
 
