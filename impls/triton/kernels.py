@@ -64,7 +64,8 @@ How a row is walked (``Config``, chosen per GPU and N bucket in ``configs``):
   of a group of rows, so that its dw/db accumulators (slice-wide) stay in registers; the row
   reductions c1, c2 need the whole row. The siblings post their slices' sums of each row block to
   each other through global memory and wait for the rest (``sync``: x and dy read once; the wait
-  overlaps the next blocks' loads; one program per SM, so all siblings are resident), or they
+  overlaps the next blocks' loads; all siblings resident: one program per SM, or the config's
+  ``programs_per_sm`` once the binary says an SM holds them), or they
   come from a first kernel that sums each (row, slice) (``row_sums``: x and dy are read twice
   from DRAM, 5 units of traffic instead of 3), or from the program itself streaming the other
   slices of its rows (read from L2 after a sibling's DRAM read: 3 units, but latency-bound).
@@ -830,7 +831,9 @@ def _norm_bwd_slice_kernel(
     program posts its slice's sums of a row block to ROW_SUMS (int64 slots, zeroed by the launcher)
     and waits for the others' before it computes dx. x and dy are then read once, from DRAM (3 units
     of traffic), and the wait overlaps the next block's loads, issued before it. The siblings must be
-    resident together: the launcher keeps the grid to one program per SM.
+    resident together: the launcher keeps the grid to one program per SM, or to the config's
+    ``programs_per_sm`` once the first launch's binary says an SM holds that many
+    (``harness.spec.occupancy``).
 
     Streaming reads every row SLICES times, once from DRAM and then from L2: the SLICES siblings of
     a row group are adjacent program ids, resident together and walking the same rows in step:

@@ -1,8 +1,8 @@
 """How the L2 flush before each timed call weighs on a point, by size: a negation (one read, one
-write: a forward's traffic), a two-input add (two reads, one write: a backward's) and ``copy_`` (which
-a CUDA graph captures as a memcpy node, not a kernel) of S bytes per tensor, each timed at every size
-as the harness times its short points (``CudaTimer``'s flushed graph replays: the flush and the call
-captured together, the flushes alone subtracted), with three flushes:
+write: a forward's traffic), a two-input add (two reads, one write: a backward's) and ``copy_`` of S
+bytes per tensor, each timed at every size as the harness times its short points (``CudaTimer``'s
+flushed graph replays: the flush and the call captured together, the flushes alone subtracted),
+with three flushes:
 
 * ``zero``: ``cache.zero_()`` of 256 MB, what ``triton.testing.do_bench`` and the harness do. It
   leaves the L2 full of dirty lines, which the timed call writes back to DRAM as its own accesses
