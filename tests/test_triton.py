@@ -150,6 +150,19 @@ def test_pinned_exchanging_backwards_wait_within_each_warp():
     assert control > 0
 
 
+def test_pinned_exchanging_backwards_fit_the_programs_per_sm_they_ask_for():
+    """Each pinned ``sync`` config that asks for several programs per SM, built for sm_90a: its
+    binary lets an SM hold that many (else the launcher, which caps them at what the binary holds,
+    would run fewer than the table says). Built in a process of its own (see above)."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    proc = subprocess.run([sys.executable, "-m", "impls.triton.sm90a_build", "--residency"], env=env, check=False,
+                          capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    held = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert held, "no pinned exchanging config asks for several programs per SM"
+    assert all(h >= wanted for h, wanted in held.values()), held
+
+
 def test_pinned_realigned_configs_move_whole_vectors():
     """Each pinned realigned config, built for sm_90a at an odd N: 16-byte loads and stores, where
     the element-wise row kernel it replaces (the same config, ``realign`` off) has none. Built in

@@ -27,11 +27,12 @@ import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
+from harness.spec.occupancy import resident_programs  # noqa: E402
+
 from . import configs as C  # noqa: E402
 from . import kernels as K  # noqa: E402
 
 TARGET = GPUTarget("cuda", 90, 32)
-REGISTERS_PER_SM = 65536
 CUOBJDUMP = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 FLAGS = {"rmsnorm": (False, False), "layernorm": (True, False), "add_rmsnorm": (False, True)}  # LAYERNORM, fused
@@ -82,6 +83,24 @@ def pinned_waits() -> dict:
                     out[f"{gpu} {key} {n}"] = spin_barriers(build_config(op, direction, C.bucket(int(n)), cfg).asm["ptx"])
     spread = C.Config(rows=2, warps=8, slice=4096, sync=True)
     out["control: 2 rows x 32 slices"] = spin_barriers(build_config("rmsnorm", "bwd", 131072, spread).asm["ptx"])
+    return out
+
+
+def pinned_residency() -> dict:
+    """Per pinned exchanging config (``sync``) that asks for several programs per SM: [the programs
+    its sm_90a binary lets an SM hold (registers, shared memory), the programs per SM it asks for].
+    The launcher runs the smaller (``kernels.launch_bwd``), so a table entry whose binary holds
+    fewer promises what no launch runs."""
+    out = {}
+    for gpu, table in C.pinned_table().items():
+        for key, by_n in table.items():
+            op, _, direction = key.rpartition("_")
+            for n, entry in by_n.items():
+                cfg = C.Config(**entry)
+                if cfg.sync and cfg.programs_per_sm > 1:
+                    compiled = build_config(op, direction, C.bucket(int(n)), cfg)
+                    held = resident_programs(cfg.warps, resources(compiled)[0], compiled.metadata.shared)
+                    out[f"{gpu} {key} {n}"] = [held, cfg.programs_per_sm]
     return out
 
 
@@ -149,6 +168,7 @@ def main(argv=None) -> int:
     p.add_argument("--weight-dtype", default="bf16", choices=("bf16", "fp32"))
     p.add_argument("--waits", action="store_true", help="print ``pinned_waits()`` as JSON instead")
     p.add_argument("--vectors", action="store_true", help="print ``pinned_vectors()`` as JSON instead")
+    p.add_argument("--residency", action="store_true", help="print ``pinned_residency()`` as JSON instead")
     p.add_argument("n", nargs="*", type=int, help="row lengths (default: the sweep's)")
     a = p.parse_args(argv)
     if a.waits:
@@ -156,6 +176,9 @@ def main(argv=None) -> int:
         return 0
     if a.vectors:
         print(json.dumps(pinned_vectors()))
+        return 0
+    if a.residency:
+        print(json.dumps(pinned_residency()))
         return 0
     from harness.spec.shapes import SWEEP_N
 
@@ -168,10 +191,10 @@ def main(argv=None) -> int:
                     cfg = C.Config(**json.loads(a.config))
                 else:  # what a launch with these dtypes runs (``for_weight``)
                     cfg = C.for_weight(C.lookup(a.gpu, op, direction, n), direction, DTYPES[a.weight_dtype], DTYPES["bf16"])
-                regs, stack = resources(build_config(op, direction, n, cfg, w_dtype=a.weight_dtype))
-                fit = REGISTERS_PER_SM // (-(-regs // 8) * 8 * 32 * cfg.warps)
+                compiled = build_config(op, direction, n, cfg, w_dtype=a.weight_dtype)
+                regs, stack = resources(compiled)
+                fit = resident_programs(cfg.warps, regs, compiled.metadata.shared)
                 wanted = cfg.programs_per_sm if direction == "bwd" or cfg.persistent else 1
-                wanted = 1 if cfg.slice and cfg.sync else wanted  # the launcher's clamp
                 short = {k: v for k, v in cfg.to_json().items() if v or k == "prefetch"}
                 print(f"{op:11s} {direction} N={n:6d} regs {regs:3d} stack {stack:3d} B  programs/SM: {fit} fit, "
                       f"{wanted} wanted{'  (not all resident)' if fit < wanted else ''}  {short}", flush=True)  # fmt: skip
