@@ -135,15 +135,20 @@ def test_a_config_loading_other_than_one_or_two_blocks_ahead_is_refused():
             C.Config(slice=256, sync=True, ahead=ahead)
 
 
-def test_pinned_exchanging_backwards_wait_within_each_warp():
-    """Each pinned ``sync`` config, built for sm_90a: no barrier inside the loop that waits for the
-    siblings (see ``kernels._await_sums``), and a control that has some, so the count is real. Built
-    in a process of its own: this one may run Triton's interpreter, which cannot compile."""
+def _sm90a_build(flag: str):
+    """``python -m impls.triton.sm90a_build FLAG``'s JSON line, run in a process of its own: this
+    one may run Triton's interpreter, which cannot compile."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    proc = subprocess.run([sys.executable, "-m", "impls.triton.sm90a_build", "--waits"], env=env, check=False,
+    proc = subprocess.run([sys.executable, "-m", "impls.triton.sm90a_build", flag], env=env, check=False,
                           capture_output=True, text=True, timeout=600)  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-2000:]
-    waits = json.loads(proc.stdout.strip().splitlines()[-1])
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_pinned_exchanging_backwards_wait_within_each_warp():
+    """Each pinned ``sync`` config, built for sm_90a: no barrier inside the loop that waits for the
+    siblings (see ``kernels._await_sums``), and a control that has some, so the count is real."""
+    waits = _sm90a_build("--waits")
     control = waits.pop("control: 2 rows x 32 slices")
     assert waits, "no pinned config exchanges row sums"
     assert all(v == 0 for v in waits.values()), waits
@@ -153,25 +158,16 @@ def test_pinned_exchanging_backwards_wait_within_each_warp():
 def test_pinned_exchanging_backwards_fit_the_programs_per_sm_they_ask_for():
     """Each pinned ``sync`` config that asks for several programs per SM, built for sm_90a: its
     binary lets an SM hold that many (else the launcher, which caps them at what the binary holds,
-    would run fewer than the table says). Built in a process of its own (see above)."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    proc = subprocess.run([sys.executable, "-m", "impls.triton.sm90a_build", "--residency"], env=env, check=False,
-                          capture_output=True, text=True, timeout=600)  # fmt: skip
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    held = json.loads(proc.stdout.strip().splitlines()[-1])
+    would run fewer than the table says)."""
+    held = _sm90a_build("--residency")
     assert held, "no pinned exchanging config asks for several programs per SM"
     assert all(h >= wanted for h, wanted in held.values()), held
 
 
 def test_pinned_realigned_configs_move_whole_vectors():
     """Each pinned realigned config, built for sm_90a at an odd N: 16-byte loads and stores, where
-    the element-wise row kernel it replaces (the same config, ``realign`` off) has none. Built in
-    a process of its own (see above)."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    proc = subprocess.run([sys.executable, "-m", "impls.triton.sm90a_build", "--vectors"], env=env, check=False,
-                          capture_output=True, text=True, timeout=600)  # fmt: skip
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    vectors = json.loads(proc.stdout.strip().splitlines()[-1])
+    the element-wise row kernel it replaces (the same config, ``realign`` off) has none."""
+    vectors = _sm90a_build("--vectors")
     assert vectors, "no realigned config is pinned"
     for key, (realigned, element_wise) in vectors.items():
         assert realigned > 0 and element_wise == 0, (key, realigned, element_wise)

@@ -67,20 +67,26 @@ def resources(compiled) -> tuple[int, int]:
     return int(re.search(r"REG:(\d+)", out).group(1)), int(re.search(r"STACK:(\d+)", out).group(1))
 
 
+def pinned_configs():
+    """(GPU, table key, op, direction, N or bucket as written, Config) of every pinned entry of the
+    row kernels' tables (not the ``*_odd`` ones)."""
+    for gpu, table in C.pinned_table().items():
+        for key, by_n in table.items():
+            if key.endswith("_odd"):
+                continue
+            op, _, direction = key.rpartition("_")
+            for n, entry in by_n.items():
+                yield gpu, key, op, direction, n, C.Config(**entry)
+
+
 def pinned_waits() -> dict:
     """``harness.spec.ptx.spin_barriers`` of every pinned config that exchanges row sums (``sync``),
     by "gpu op N", and of a control that spreads its slots over two warps (2 rows x 32 slices): the
     barriers inside its waits for sibling programs (``kernels._await_sums``)."""
     from harness.spec.ptx import spin_barriers
 
-    out = {}
-    for gpu, table in C.pinned_table().items():
-        for key, by_n in table.items():
-            op, _, direction = key.rpartition("_")
-            for n, entry in by_n.items():
-                cfg = C.Config(**entry)
-                if cfg.sync:
-                    out[f"{gpu} {key} {n}"] = spin_barriers(build_config(op, direction, C.bucket(int(n)), cfg).asm["ptx"])
+    out = {f"{gpu} {key} {n}": spin_barriers(build_config(op, direction, C.bucket(int(n)), cfg).asm["ptx"])
+           for gpu, key, op, direction, n, cfg in pinned_configs() if cfg.sync}  # fmt: skip
     spread = C.Config(rows=2, warps=8, slice=4096, sync=True)
     out["control: 2 rows x 32 slices"] = spin_barriers(build_config("rmsnorm", "bwd", 131072, spread).asm["ptx"])
     return out
@@ -92,15 +98,11 @@ def pinned_residency() -> dict:
     The launcher runs the smaller (``kernels.launch_bwd``), so a table entry whose binary holds
     fewer promises what no launch runs."""
     out = {}
-    for gpu, table in C.pinned_table().items():
-        for key, by_n in table.items():
-            op, _, direction = key.rpartition("_")
-            for n, entry in by_n.items():
-                cfg = C.Config(**entry)
-                if cfg.sync and cfg.programs_per_sm > 1:
-                    compiled = build_config(op, direction, C.bucket(int(n)), cfg)
-                    held = resident_programs(cfg.warps, resources(compiled)[0], compiled.metadata.shared)
-                    out[f"{gpu} {key} {n}"] = [held, cfg.programs_per_sm]
+    for gpu, key, op, direction, n, cfg in pinned_configs():
+        if cfg.sync and cfg.programs_per_sm > 1:
+            compiled = build_config(op, direction, C.bucket(int(n)), cfg)
+            held = resident_programs(cfg.warps, resources(compiled)[0], compiled.metadata.shared)
+            out[f"{gpu} {key} {n}"] = [held, cfg.programs_per_sm]
     return out
 
 

@@ -44,6 +44,18 @@ def fraction(ms: list, nbytes: int, copy_tbps: float) -> float:
     return round(nbytes / (med * 1e-3) / 1e12 / copy_tbps, 4)
 
 
+def write_result(f, rec: dict, nbytes: int, copy_tbps: float) -> None:
+    """Add ``frac`` (per variant of ``rec["ms"]``: ``fraction`` of its timings) to a candidates
+    record, append it to ``f`` as a JSON line and print its checks that did not pass, its errors and
+    its fractions."""
+    rec["frac"] = {k: fraction(v, nbytes, copy_tbps) for k, v in rec["ms"].items()}
+    f.write(json.dumps(rec) + "\n")
+    f.flush()
+    bad = {k: s for k, s in rec["checks"].items() if s != "pass"}
+    fracs = {k: round(v * 100, 1) for k, v in rec["frac"].items()}
+    print(rec["op"], rec["N"], "not pass:", bad, rec["errors"], fracs, flush=True)
+
+
 def cli(warm, jobs, run) -> None:
     """``warm I K`` | ``count`` | ``run OUT BUDGET_S [DTYPE]``, as the scripts' docstrings say."""
     import sys

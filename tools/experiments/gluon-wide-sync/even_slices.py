@@ -14,7 +14,6 @@ ROUND=1|2 python tools/experiments/gluon-wide-sync/even_slices.py OUT [N,...]
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 
@@ -22,7 +21,7 @@ import torch
 
 sys.path.insert(0, os.getcwd())
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from gpu_timing import bench, finish_meta, start_meta
+from gpu_timing import bench, finish_meta, start_meta, write_result
 
 from harness.spec.contract import DTYPES
 from harness.spec.inputs import make_case
@@ -122,19 +121,7 @@ def main(out_dir: str, widths) -> None:
                         use(v, n, fn)
                         rec["ms"].setdefault(name(v), []).append(round(bench(fn), 5))
                 use("plan", n, fn)
-                rec["frac"] = {k: round(nbytes / (sorted(t)[1] * 1e-3) / 1e12 / copy, 4) for k, t in rec["ms"].items()}
-                f.write(json.dumps(rec) + "\n")
-                f.flush()
-                bad = {k: s for k, s in rec["checks"].items() if s != "pass"}
-                print(
-                    op,
-                    n,
-                    "not pass:",
-                    bad,
-                    rec["errors"],
-                    {k: round(v * 100, 1) for k, v in rec["frac"].items()},
-                    flush=True,
-                )
+                write_result(f, rec, nbytes, copy)
                 del fn, case
                 torch.cuda.empty_cache()
     finish_meta(out_dir, meta)

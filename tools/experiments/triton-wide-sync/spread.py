@@ -9,7 +9,6 @@ python tools/experiments/triton-wide-sync/spread.py OUT
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 
@@ -17,7 +16,7 @@ import torch
 
 sys.path.insert(0, os.getcwd())
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from gpu_timing import bench, finish_meta, fraction, start_meta
+from gpu_timing import bench, finish_meta, start_meta, write_result
 
 from harness.spec.contract import DTYPES
 from harness.spec.inputs import make_case
@@ -77,19 +76,7 @@ def main(out_dir: str) -> None:
                 for _ in range(3):
                     for k, fn in runs.items():
                         rec["ms"].setdefault(k, []).append(round(bench(fn), 5))
-                rec["frac"] = {k: fraction(v, nbytes, copy) for k, v in rec["ms"].items()}
-                f.write(json.dumps(rec) + "\n")
-                f.flush()
-                bad = {k: s for k, s in rec["checks"].items() if s != "pass"}
-                print(
-                    op,
-                    n,
-                    "not pass:",
-                    bad,
-                    rec["errors"],
-                    {k: round(v * 100, 1) for k, v in rec["frac"].items()},
-                    flush=True,
-                )
+                write_result(f, rec, nbytes, copy)
                 del runs, case
                 torch.cuda.empty_cache()
     finish_meta(out_dir, meta)
