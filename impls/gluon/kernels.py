@@ -971,9 +971,11 @@ def norm_bwd(dy, dres, x, weight, mean, rstd, layernorm: bool):
         SYNC=sync,
     )  # fmt: skip
     args["SPIN"] = SPIN_LIMIT
-    # a cheap key (a call's host time counts at small M): the ints and dtypes that select the binary
+    # a cheap key (a call's host time counts at small M): the ints, dtypes and 16-byte alignments
+    # that select the binary (another binary may need more registers: fewer programs per SM)
     key = (N, x.dtype, w.dtype, layernorm, has_weight, dres is not None, heads > 0, x.get_device(),
-           args["stride_dy"], args["hstride_dy"], args["stride_x"], args["hstride_x"], args["stride_dres"], sync)  # fmt: skip
+           args["stride_dy"], args["hstride_dy"], args["stride_x"], args["hstride_x"], args["stride_dres"], sync,
+           (dy.data_ptr() | x.data_ptr() | w.data_ptr() | (0 if dres is None else dres.data_ptr())) % 16 == 0)  # fmt: skip
     groups = min(most, _resident(_bwd_kernel, args, constexprs, t, key, x.is_cuda) * sm_count(x.device) // slices) or 1
     _launch(_bwd_kernel, (groups * slices,), args, constexprs, t.num_warps)
     _sum_partials(partials, sums, groups, n_sums, x)

@@ -974,8 +974,11 @@ def launch_bwd(cfg: Config, dy, x, weight, mean, rstd, layernorm: bool, dx, sums
     sync = (bool(cfg.slice and cfg.sync) and x.is_cuda and slices <= sm_count(x.device)
             and cfg.rows * triton.next_power_of_2(slices) <= SYNC_SLOTS_MAX)  # fmt: skip
     # Several exchanging programs per SM (``cfg.programs_per_sm``) only once the binary has said that
-    # an SM holds them: the first launch of each binary runs one per SM
-    held_key = (cfg, N, x.dtype, w.dtype, layernorm, dresidual is not None, heads > 0, x.get_device()) if sync else None
+    # an SM holds them: the first launch of each binary (keyed by what specializes it: the dtypes,
+    # flags, strides and 16-byte alignments) runs one per SM
+    held_key = (cfg, N, x.dtype, w.dtype, layernorm, dresidual is not None, heads > 0, x.get_device(),
+                sdy, sx, sdres, sdx, sdyh, sxh, sdresh,
+                (dy.data_ptr() | x.data_ptr() | w.data_ptr() | dres.data_ptr()) % 16 == 0) if sync else None  # fmt: skip
     programs_per_sm = min(cfg.programs_per_sm, _SYNC_HELD.get(held_key, 1)) if sync else cfg.programs_per_sm
     # one partial row of dw / db per program, or per row group of the slice kernel
     stride, vec = realigned(cfg, N, heads, (dy, x, dres, dx))
