@@ -97,7 +97,7 @@ from triton.experimental.gluon import language as gl
 
 from harness.spec.contract import contract_functions
 from harness.spec.jit_launch import launch_named
-from harness.spec.occupancy import resident_programs
+from harness.spec.occupancy import held
 
 from .plan import Plan, Realigned, Tile, next_pow2, plan, programs_per_sm, realigned_plan, tile
 
@@ -803,7 +803,8 @@ _RESIDENT: dict = {}
 
 def _resident(kernel, args: dict, constexprs: dict, t: Tile, key: tuple, on_gpu: bool) -> int:
     """Programs of ``kernel`` one SM holds at once, read off its binary (registers, shared memory)
-    once per ``key`` (what selects the binary: N, the dtypes, the flags, the strides); a persistent
+    once per ``key`` (what selects the binary: N, the dtypes, the flags, the strides, the 16-byte
+    alignments); a persistent
     grid of more would run its last programs in a second wave, each with a full share. Without a
     GPU (compile-only, the interpreter), the thread limit's count."""
     if _COMPILE_ONLY or _INTERPRETED or not on_gpu:
@@ -811,9 +812,7 @@ def _resident(kernel, args: dict, constexprs: dict, t: Tile, key: tuple, on_gpu:
     got = _RESIDENT.get(key)
     if got is None:
         try:
-            compiled = kernel.warmup(grid=(1,), **args, **constexprs, num_warps=t.num_warps)
-            compiled._init_handles()
-            got = resident_programs(t.num_warps, compiled.n_regs, compiled.metadata.shared)
+            got = held(kernel.warmup(grid=(1,), **args, **constexprs, num_warps=t.num_warps), t.num_warps)
         except AttributeError:  # a Triton whose compiled kernel reports no registers: the threads' count
             got = programs_per_sm(t)
         _RESIDENT[key] = got

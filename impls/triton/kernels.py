@@ -526,7 +526,8 @@ def norm_fwd(x, weight, bias, eps, layernorm: bool, config: Config | None = None
 SPIN_LIMIT = 1 << 20
 # The most slots (rows x slices, padded to a power of two) a block may wait on: one warp's lanes.
 SYNC_SLOTS_MAX = 32
-# (config, N, dtypes, flags, device) -> programs of the exchanging slice kernel's binary an SM holds
+# (config, N, dtypes, flags, device, strides, alignment) -> programs of the exchanging slice kernel's
+# binary an SM holds (configs asking for more than one per SM)
 _SYNC_HELD: dict = {}
 
 
@@ -976,10 +977,13 @@ def launch_bwd(cfg: Config, dy, x, weight, mean, rstd, layernorm: bool, dx, sums
     # Several exchanging programs per SM (``cfg.programs_per_sm``) only once the binary has said that
     # an SM holds them: the first launch of each binary (keyed by what specializes it: the dtypes,
     # flags, strides and 16-byte alignments) runs one per SM
-    held_key = (cfg, N, x.dtype, w.dtype, layernorm, dresidual is not None, heads > 0, x.get_device(),
-                sdy, sx, sdres, sdx, sdyh, sxh, sdresh,
-                (dy.data_ptr() | x.data_ptr() | w.data_ptr() | dres.data_ptr()) % 16 == 0) if sync else None  # fmt: skip
-    programs_per_sm = min(cfg.programs_per_sm, _SYNC_HELD.get(held_key, 1)) if sync else cfg.programs_per_sm
+    held_key = None
+    programs_per_sm = 1 if sync else cfg.programs_per_sm
+    if sync and cfg.programs_per_sm > 1:
+        held_key = (cfg, N, x.dtype, w.dtype, layernorm, dresidual is not None, heads > 0, x.get_device(),
+                    sdy, sx, sdres, sdx, sdyh, sxh, sdresh,
+                    (dy.data_ptr() | x.data_ptr() | w.data_ptr() | dres.data_ptr()) % 16 == 0)  # fmt: skip
+        programs_per_sm = min(cfg.programs_per_sm, _SYNC_HELD.get(held_key, 1))
     # one partial row of dw / db per program, or per row group of the slice kernel
     stride, vec = realigned(cfg, N, heads, (dy, x, dres, dx))
     if stride:
@@ -1011,7 +1015,7 @@ def launch_bwd(cfg: Config, dy, x, weight, mean, rstd, layernorm: bool, dx, sums
             cfg.rows, cfg.slice, slices, triton.next_power_of_2(slices), cfg.row_sums or cfg.sync,
             min(cfg.chunk or cfg.slice, cfg.slice), heads > 0, sync, SPIN_LIMIT, cfg.ahead, num_warps=cfg.warps,
         )  # fmt: skip
-        if sync and held_key not in _SYNC_HELD and cfg.programs_per_sm > 1:
+        if held_key is not None and held_key not in _SYNC_HELD:
             _SYNC_HELD[held_key] = held(compiled, cfg.warps)
     else:
         args = (
