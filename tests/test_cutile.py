@@ -570,3 +570,89 @@ def test_realigned_kernels_compile_for_sm90_with_whole_vectors(cutile_kernels, n
                 sass = subprocess.run([nvdisasm, "-c", f.name], capture_output=True, text=True, check=True).stdout
             assert "UTMALDG.2D" in sass or "LDG.E.128" in sass, "the bodies' loads are not whole vectors"
             assert "UTMASTG.2D" in sass or "STG.E.128" in sass, "the bodies' stores are not whole vectors"
+
+
+# ------------------------------------------------------------ exchanging slices (Tuning.sync)
+def test_exchanging_grid_is_one_program_per_sm_or_none():
+    """The exchanging backward's whole grid fits the SMs (its programs wait for each other), with
+    no program without a row block; a row with more slices than SMs gets none (the first kernel's
+    sums then)."""
+    from impls.cutile.plan import Tuning, plan, sync_groups
+
+    for n in (10240, 20001, 65536, 262144):
+        for m in (1, 3, 512, 16384):
+            for sms in (1, 8, 132):
+                p = plan("bwd", m, n, Tuning(bwd_row_max=8192, bwd_slice=8192))
+                groups = sync_groups(m, p, sms)
+                if p.pieces > sms:
+                    assert groups == 0, (m, n, sms)
+                else:
+                    assert 1 <= groups <= -(-m // p.rows) and groups * p.pieces <= sms, (m, n, sms, groups)
+
+
+def _sass(cubin: bytes, nvdisasm: str) -> str:
+    import tempfile
+
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        return subprocess.run([nvdisasm, "-c", f.name], capture_output=True, text=True, check=True).stdout
+
+
+SYNC_TUNING = {"bwd_row_max": 8192, "bwd_slice": 8192, "bwd_tile_elements": 8192, "sync": True}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("n", [20001, 262144])  # 3 slices, the last ragged; 32
+def test_exchanging_backward_compiles_for_sm90(cutile_kernels, monkeypatch, n):
+    """With ``sync`` the sliced backward is one kernel that posts its sums with a 64-bit atomic
+    exchange and polls its siblings' with strong device-scope loads (from the SASS where a
+    disassembler is at hand); with more slices than SMs it keeps the first kernel's sums."""
+    from impls.cutile import plan as P
+
+    k = cutile_kernels
+    x, dy, w, b, s = inputs(Shape((37, n)), torch.bfloat16, torch.float32)
+    nvdisasm = _nvdisasm()
+    old = P.set_tuning(**SYNC_TUNING)
+    try:
+        for sms, first in ((132, []), (2, ["_bwd_row_sums_kernel"])):
+            monkeypatch.setattr(k, "SM_COUNT_WITHOUT_GPU", sms)
+            for op in ("rmsnorm", "layernorm", "add_rmsnorm"):
+                with k.compile_only() as compiled:
+                    CALLS[(op, "bwd")](k, x, dy, w, b, s)
+                names = [name for name, _ in compiled]
+                sliced = "_bwd_kernel" if first else "_bwd_sync_kernel"
+                assert names == first + [sliced, "_sum_partials_kernel"], (op, sms, names)
+                if nvdisasm and not first and op == "layernorm":
+                    sass = _sass(compiled[0][1], nvdisasm)
+                    assert "ATOMG.E.EXCH.64.STRONG.GPU" in sass, "the sums are not posted by a 64-bit exchange"
+                    assert "LDG.E.64.STRONG.GPU" in sass, "the siblings' sums are not polled from L2"
+    finally:
+        P.TUNING = old
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["bf16", "fp32"])
+def test_exchanging_backward_against_the_reference(contract, dtype):
+    """The exchanging slices against fp64 (ragged last slice, a last row block past M, per-head
+    views of wide heads), and the same bits on a second call."""
+    from harness.registry import get
+    from harness.run.bench import callables
+    from impls.cutile import plan as P
+
+    old = P.set_tuning(**SYNC_TUNING)
+    try:
+        failures = []
+        for op in ("rmsnorm", "layernorm", "add_rmsnorm"):
+            for shape in (Shape((37, 20001)), Shape((300, 32768)), Shape((9, 2, 20001), "head-slice-3")):
+                r = run_check(get("cutile"), op, "bwd", shape, dtype, DEVICE, kernels=contract)
+                if not r.passed:
+                    failures.append(f"{op} {shape.label}: {r.status} {r.summary()}")
+            case = make_case(op, Shape((300, 32768)), DTYPES[dtype], DEVICE, seed=3)
+            fn = callables(contract, op, "bwd", case)
+            first, second = fn(), fn()
+            for a, b in zip(first, second):
+                assert a is None or torch.equal(a, b), op
+        assert not failures, "\n".join(failures)
+    finally:
+        P.TUNING = old

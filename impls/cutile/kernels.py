@@ -114,7 +114,8 @@ from harness.spec.validation import has_no_row_view
 
 from . import configs
 from . import plan as _plan_module
-from .plan import PHASES, Plan, backward_groups, forward_programs, next_pow2, plan, realigned, realigned_programs
+from .plan import (PHASES, Plan, backward_groups, forward_programs, next_pow2, plan, realigned, realigned_programs,
+                   sync_groups)
 
 ConstBool = ct.Constant[bool]
 ConstInt = ct.Constant[int]
@@ -371,6 +372,113 @@ def _bwd_kernel(
         ct.store(DW_PARTIAL, index=(group, me), tile=dw)
     if LAYERNORM:
         ct.store(DB_PARTIAL, index=(group, me), tile=db)
+
+
+# Re-reads of a row's posted sums before a program gives up on a sibling (``_await_sums``): about
+# 2^20 L2 round trips, a second or so, far beyond any real wait.
+SPIN_LIMIT = 1 << 20
+FLAG = 1 << 32  # a slot's "posted" bit, above the fp32 value in its low half
+
+
+def _post_sums(SLOTS, k, block, me, value, ROWS):
+    """Post one slice's sums of the block's rows ([ROWS] fp32) to SLOTS[k, row, me] for the siblings:
+    the value's bits in the low half of an int64 slot and ``FLAG`` above them, in one atomic
+    exchange, so that a reader who sees the flag sees the value with it. Rows past M fall outside
+    the array and are not written."""
+    bits = ct.astype(ct.bitcast(value, ct.uint32), ct.int64)  # zero-extended
+    rows = block * ROWS + ct.arange(ROWS, dtype=ct.int32)
+    ct.atomic_xchg(SLOTS, (k, rows, me), ct.bitwise_or(bits, FLAG), memory_order=ct.MemoryOrder.RELAXED)
+
+
+def _await_sums(SLOTS, k, block, ROWS, SLICES_P2, spin):
+    """The block's rows' sums over all slices, once every slice has posted its part: the row's
+    slots re-read (relaxed, device scope: from L2, never a stale copy) until every one carries the
+    flag, then added in slice order, so that every sibling gets the same bits and the result is the
+    same run to run. A slot still empty after ``spin`` re-reads (a sibling that never ran: only if
+    the grid outgrew what the GPU holds at once, which the launcher prevents) makes its row's sum
+    NaN, a visibly wrong dx, not a hang; what is left of ``spin`` comes back, so that a program
+    waits out one bound at most. Returns ([ROWS, 1] sums, spin left)."""
+    m = SLOTS.shape[1]
+    slices = SLOTS.shape[2]
+    rows = block * ROWS + ct.arange(ROWS, dtype=ct.int32)
+    lanes = ct.reshape(rows < m, (1, ROWS, 1)) & ct.reshape(ct.arange(SLICES_P2, dtype=ct.int32) < slices, (1, 1, SLICES_P2))
+    v = ct.load(SLOTS, index=(k, block, 0), shape=(1, ROWS, SLICES_P2), padding_mode=ZERO,
+                memory_order=ct.MemoryOrder.RELAXED, memory_scope=ct.MemoryScope.DEVICE)  # fmt: skip
+    missing = ct.sum(ct.astype(lanes & (v < FLAG), ct.int32))
+    tries = 0
+    while (missing > 0) & (tries < spin):
+        v = ct.load(SLOTS, index=(k, block, 0), shape=(1, ROWS, SLICES_P2), padding_mode=ZERO,
+                    memory_order=ct.MemoryOrder.RELAXED, memory_scope=ct.MemoryScope.DEVICE)  # fmt: skip
+        missing = ct.sum(ct.astype(lanes & (v < FLAG), ct.int32))
+        tries += 1
+    value = ct.bitcast(ct.astype(ct.bitwise_and(v, FLAG - 1), ct.uint32), ct.float32)
+    value = ct.where(lanes & (v < FLAG), math.nan, ct.where(lanes, value, 0.0))
+    left = ct.where(missing > 0, 0, spin - tries)
+    return ct.sum(ct.reshape(value, (ROWS, SLICES_P2)), axis=1, keepdims=True), left
+
+
+def _bwd_sync_kernel(
+    DY, X, W, MEAN, RSTD, DRES, SLOTS, DX, DW_PARTIAL, DB_PARTIAL,
+    LAYERNORM: ConstBool, HAS_WEIGHT: ConstBool, HAS_DRESIDUAL: ConstBool,
+    ROWS: ConstInt, BLOCK_N: ConstInt, SLICES_P2: ConstInt, TMA_LOAD: ConstBool,
+    TMA_STORE: ConstBool, LATENCY: ConstInt, HEAD_ROWS: ConstInt, SPIN: ConstInt,
+):  # fmt: skip
+    """``_bwd_kernel``'s sliced rows with the row sums exchanged between the slices of a row group
+    (program (group, slice)) instead of read from the first kernel's: each program posts its
+    slice's sums of a row block (``_post_sums``), loads its slice of the next block, then waits for
+    the other slices' sums (``_await_sums``) and computes dx, so x and dy are read once and the
+    wait overlaps the next block's loads. Every program of the grid must be resident at once (the
+    launcher keeps it to one per SM)."""
+    group = ct.bid(0)
+    me = ct.bid(1)
+    groups = ct.num_blocks(0)
+    n = DX.shape[1]
+    n_blocks = ct.cdiv(DX.shape[0], ROWS)
+    share = n_blocks // groups
+    extra = n_blocks % groups
+    first = group * share + ct.minimum(group, extra)
+    count = share + ct.astype(group < extra, ct.int32)
+    dw = ct.zeros((ROWS, BLOCK_N), dtype=ct.float32)
+    db = ct.zeros((ROWS, BLOCK_N), dtype=ct.float32)
+    w = _param(W, me, BLOCK_N)
+    spin = SPIN
+    x_next = _ld_rows(X, first, me, ROWS, BLOCK_N, HEAD_ROWS, TMA_LOAD, LATENCY)
+    dy_next = _ld_rows(DY, first, me, ROWS, BLOCK_N, HEAD_ROWS, TMA_LOAD, LATENCY)
+    for i in range(count):
+        block = first + i
+        x = ct.astype(x_next, ct.float32)
+        dy = ct.astype(dy_next, ct.float32)
+        if LAYERNORM:
+            x = ct.where(_column_mask(me, BLOCK_N, n), x - _row_stat(MEAN, block, ROWS), 0.0)
+        g = dy
+        if HAS_WEIGHT:
+            g = dy * w
+        _post_sums(SLOTS, 0, block, me, ct.sum(g * x, axis=1), ROWS)
+        if LAYERNORM:
+            _post_sums(SLOTS, 1, block, me, ct.sum(g, axis=1), ROWS)
+        # the next block's slice; past the range, a block that is read and never used (within the
+        # array: a tile wholly outside it is undefined behaviour in cuTile)
+        ahead = ct.minimum(block + 1, n_blocks - 1)
+        x_next = _ld_rows(X, ahead, me, ROWS, BLOCK_N, HEAD_ROWS, TMA_LOAD, LATENCY)
+        dy_next = _ld_rows(DY, ahead, me, ROWS, BLOCK_N, HEAD_ROWS, TMA_LOAD, LATENCY)
+        rstd = _row_stat(RSTD, block, ROWS)
+        sum_gxc, spin = _await_sums(SLOTS, 0, block, ROWS, SLICES_P2, spin)
+        xhat = x * rstd
+        dx = g - xhat * (sum_gxc * rstd / n)
+        if LAYERNORM:
+            sum_g, spin = _await_sums(SLOTS, 1, block, ROWS, SLICES_P2, spin)
+            dx = dx - sum_g / n
+            db = db + dy
+        dx = dx * rstd
+        if HAS_DRESIDUAL:
+            dx = dx + ct.astype(_ld_rows(DRES, block, me, ROWS, BLOCK_N, HEAD_ROWS, TMA_LOAD, LATENCY), ct.float32)
+        if HAS_WEIGHT:
+            dw = dw + dy * xhat
+        _st(DX, (block, me), ct.astype(dx, DX.dtype), TMA_STORE, LATENCY)
+    if HAS_WEIGHT:
+        ct.store(DW_PARTIAL, index=(group, me), tile=ct.sum(dw, axis=0, keepdims=True))
+    if LAYERNORM:
+        ct.store(DB_PARTIAL, index=(group, me), tile=ct.sum(db, axis=0, keepdims=True))
 
 
 @ct.kernel
@@ -643,7 +751,7 @@ MIN_VIEW_ROWS = 4
 
 # float8_e4m3fn: the FP8-output ops' q (impls/cutile/fp8.py)
 _CT_DTYPES = {torch.bfloat16: ct.bfloat16, torch.float16: ct.float16, torch.float32: ct.float32,
-              torch.float8_e4m3fn: ct.float8_e4m3fn}  # fmt: skip
+              torch.float8_e4m3fn: ct.float8_e4m3fn, torch.int64: ct.int64}  # fmt: skip
 
 
 @functools.lru_cache(maxsize=None)
@@ -875,9 +983,13 @@ def norm_bwd(dy, dres, x, weight, mean, rstd, layernorm: bool):
     dx = torch.empty((M, N), dtype=x.dtype, device=x.device)
     n_sums = int(has_weight) + int(layernorm)
     odd = hr == 0 and takes_realigned((dy, x, dres), M, N, p, t)
+    # exchanging slices (``_bwd_sync_kernel``): one program per SM, where a row's slices fit the SMs
+    sync = bool(t.sync and slices > 1 and sync_groups(M, p, sm_count(x.device)))
     # the realigned kernel's programs each write a partial row, as the persistent groups do
     if odd:
         groups = PHASES * realigned_programs("bwd", M, p, sm_count(x.device), t)
+    elif sync:
+        groups = sync_groups(M, p, sm_count(x.device))
     else:
         groups = backward_groups(M, p, sm_count(x.device), t)
     # Rows of the partials (and of the sums) padded to 16 bytes: the second of them (dbias) is a
@@ -895,6 +1007,14 @@ def norm_bwd(dy, dres, x, weight, mean, rstd, layernorm: bool):
             p.rows, p.width, t.tma_load, t.tma_store, t.latency, t.acc_rows,
         )  # fmt: skip
         _launch(_kernel(_bwd_odd_kernel, t), (groups, 1, 1), args)
+        return _sum_partials(partials, weight, x, N, n_sums, groups, layernorm, dx)
+    if sync:
+        slots = torch.zeros((1 + int(layernorm), M, slices), dtype=torch.int64, device=x.device)
+        args = (
+            dy, x, w, mean, rstd, dres_arg, slots, dx, dw_partial, db_partial, layernorm, has_weight,
+            dres is not None, p.rows, p.width, next_pow2(slices), t.tma_load, t.tma_store, t.latency, hr, SPIN_LIMIT,
+        )  # fmt: skip
+        _launch(_kernel(_bwd_sync_kernel, t), (groups, slices, 1), args)
         return _sum_partials(partials, weight, x, N, n_sums, groups, layernorm, dx)
     row_sums = _placeholder(x, torch.float32, 3, "row_sums")
     if slices > 1:

@@ -49,7 +49,9 @@ class Tuning:
     every k-th block with the weight loaded once. ``latency``, ``occupancy``, ``worker_warps`` 0: the
     compiler's own. ``acc_rows``: the backward accumulates dweight / dbias per tile row (one column
     reduction at the end, not one per row block). ``realign``: 16-bit rows whose length is no
-    multiple of 8 take the realigned kernels where they apply (``realigned``)."""
+    multiple of 8 take the realigned kernels where they apply (``realigned``). ``sync``: the
+    backward's column slices exchange their row sums among themselves (one program per SM) instead
+    of reading them from a first kernel (``kernels._bwd_sync_kernel``)."""
 
     fwd_row_max: int = FWD_ROW_MAX
     bwd_row_max: int = BWD_ROW_MAX
@@ -67,6 +69,7 @@ class Tuning:
     worker_warps: int = 0
     acc_rows: bool = False
     realign: bool = True
+    sync: bool = False
 
 
 # Experiments (tools/experiments/cutile-tuning) set a tuning for every call; None: each call takes
@@ -125,6 +128,15 @@ def backward_groups(m: int, p: Plan, sm_count: int, tuning: Tuning | None = None
     per row block (so that every program owns at least one)."""
     blocks = -(-m // p.rows)
     return max(1, min(blocks, (tuning or Tuning()).programs_per_sm * sm_count // p.pieces))
+
+
+def sync_groups(m: int, p: Plan, sm_count: int) -> int:
+    """Row groups of the exchanging backward (``Tuning.sync``): its slices wait for each other, so
+    the whole grid must be resident at once, one program per SM; 0 where a row has more slices
+    than the GPU has SMs (the first kernel's sums then)."""
+    if p.pieces > sm_count:
+        return 0
+    return max(1, min(-(-m // p.rows), sm_count // p.pieces))
 
 
 def forward_programs(m: int, p: Plan, sm_count: int, tuning: Tuning | None = None) -> int:
