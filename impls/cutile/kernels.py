@@ -384,37 +384,46 @@ def _post_sums(SLOTS, k, block, me, value, ROWS):
     """Post one slice's sums of the block's rows ([ROWS] fp32) to SLOTS[k, row, me] for the siblings:
     the value's bits in the low half of an int64 slot and ``FLAG`` above them, in one atomic
     exchange, so that a reader who sees the flag sees the value with it. Rows past M fall outside
-    the array and are not written."""
+    the array and are not written. Acquire-release, like the reads in ``_await_sums``: no later
+    operation (the wait) may move before it."""
     bits = ct.astype(ct.bitcast(value, ct.uint32), ct.int64)  # zero-extended
     rows = block * ROWS + ct.arange(ROWS, dtype=ct.int32)
-    ct.atomic_xchg(SLOTS, (k, rows, me), ct.bitwise_or(bits, FLAG), memory_order=ct.MemoryOrder.RELAXED)
+    ct.atomic_xchg(SLOTS, (k, rows, me), ct.bitwise_or(bits, FLAG))
+
+
+def _read_slots(SLOTS, k, rows, lanes):
+    """SLOTS[k, rows, lanes] as they are now, read by atomic ORs of 0 at L2: a plain load re-read in
+    a loop was taken for loop-invariant (rows whose siblings posted late kept waiting until the
+    bound: NaN), and an atomic is done every time. Relaxed: the value is all there is to read (an
+    acquire's fence would also wait for the next block's loads, in flight by then)."""
+    zero = ct.zeros((1, 1), dtype=ct.int64)
+    return ct.atomic_or(SLOTS, (k, rows, lanes), zero, memory_order=ct.MemoryOrder.RELAXED)
 
 
 def _await_sums(SLOTS, k, block, ROWS, SLICES_P2, spin):
     """The block's rows' sums over all slices, once every slice has posted its part: the row's
-    slots re-read (relaxed, device scope: from L2, never a stale copy) until every one carries the
-    flag, then added in slice order, so that every sibling gets the same bits and the result is the
-    same run to run. A slot still empty after ``spin`` re-reads (a sibling that never ran: only if
-    the grid outgrew what the GPU holds at once, which the launcher prevents) makes its row's sum
-    NaN, a visibly wrong dx, not a hang; what is left of ``spin`` comes back, so that a program
-    waits out one bound at most. Returns ([ROWS, 1] sums, spin left)."""
+    slots re-read (``_read_slots``) until every one carries the flag, then added in slice order, so
+    that every sibling gets the same bits and the result is the same run to run. A slot still empty
+    after ``spin`` re-reads (a sibling that never ran: only if the grid outgrew what the GPU holds
+    at once, which the launcher prevents) makes its row's sum NaN, a visibly wrong dx, not a hang;
+    what is left of ``spin`` comes back, so that a program waits out one bound at most. Returns
+    ([ROWS, 1] sums, spin left)."""
     m = SLOTS.shape[1]
     slices = SLOTS.shape[2]
-    rows = block * ROWS + ct.arange(ROWS, dtype=ct.int32)
-    lanes = ct.reshape(rows < m, (1, ROWS, 1)) & ct.reshape(ct.arange(SLICES_P2, dtype=ct.int32) < slices, (1, 1, SLICES_P2))
-    v = ct.load(SLOTS, index=(k, block, 0), shape=(1, ROWS, SLICES_P2), padding_mode=ZERO,
-                memory_order=ct.MemoryOrder.RELAXED, memory_scope=ct.MemoryScope.DEVICE)  # fmt: skip
-    missing = ct.sum(ct.astype(lanes & (v < FLAG), ct.int32))
+    rows = ct.reshape(block * ROWS + ct.arange(ROWS, dtype=ct.int32), (ROWS, 1))
+    lanes = ct.reshape(ct.arange(SLICES_P2, dtype=ct.int32), (1, SLICES_P2))
+    valid = (rows < m) & (lanes < slices)  # past M or past the slices: nothing to wait for
+    v = _read_slots(SLOTS, k, rows, lanes)
+    missing = ct.sum(ct.astype(valid & (v < FLAG), ct.int32))
     tries = 0
     while (missing > 0) & (tries < spin):
-        v = ct.load(SLOTS, index=(k, block, 0), shape=(1, ROWS, SLICES_P2), padding_mode=ZERO,
-                    memory_order=ct.MemoryOrder.RELAXED, memory_scope=ct.MemoryScope.DEVICE)  # fmt: skip
-        missing = ct.sum(ct.astype(lanes & (v < FLAG), ct.int32))
+        v = _read_slots(SLOTS, k, rows, lanes)
+        missing = ct.sum(ct.astype(valid & (v < FLAG), ct.int32))
         tries += 1
     value = ct.bitcast(ct.astype(ct.bitwise_and(v, FLAG - 1), ct.uint32), ct.float32)
-    value = ct.where(lanes & (v < FLAG), math.nan, ct.where(lanes, value, 0.0))
+    value = ct.where(valid & (v < FLAG), math.nan, ct.where(valid, value, 0.0))
     left = ct.where(missing > 0, 0, spin - tries)
-    return ct.sum(ct.reshape(value, (ROWS, SLICES_P2)), axis=1, keepdims=True), left
+    return ct.sum(value, axis=1, keepdims=True), left
 
 
 def _bwd_sync_kernel(
