@@ -380,56 +380,53 @@ SPIN_LIMIT = 1 << 20
 FLAG = 1 << 32  # a slot's "posted" bit, above the fp32 value in its low half
 
 
-def _post_sums(SLOTS, k, block, me, value, ROWS):
-    """Post one slice's sums of the block's rows ([ROWS] fp32) to SLOTS[k, row, me] for the siblings:
+def _post_sums(SLOTS, block, me, value, ROWS):
+    """Post one slice's sums of the block's rows ([ROWS] fp32) to SLOTS[row, me] for the siblings:
     the value's bits in the low half of an int64 slot and ``FLAG`` above them, in one atomic
     exchange, so that a reader who sees the flag sees the value with it. Rows past M fall outside
-    the array and are not written. Acquire-release, like the reads in ``_await_sums``: no later
+    the array and are not written. Acquire-release, unlike the reads in ``_await_sums``: no later
     operation (the wait) may move before it."""
     bits = ct.astype(ct.bitcast(value, ct.uint32), ct.int64)  # zero-extended
     rows = block * ROWS + ct.arange(ROWS, dtype=ct.int32)
-    ct.atomic_xchg(SLOTS, (k, rows, me), ct.bitwise_or(bits, FLAG))
+    ct.atomic_xchg(SLOTS, (rows, me), ct.bitwise_or(bits, FLAG))
 
 
-def _read_slots(SLOTS, k, rows, lanes):
-    """SLOTS[k, rows, lanes] as they are now, read by atomic ORs of 0 at L2: a plain load re-read in
-    a loop was taken for loop-invariant (rows whose siblings posted late kept waiting until the
-    bound: NaN), and an atomic is done every time. Relaxed: the value is all there is to read (an
-    acquire's fence would also wait for the next block's loads, in flight by then)."""
-    zero = ct.zeros((1, 1), dtype=ct.int64)
-    return ct.atomic_or(SLOTS, (k, rows, lanes), zero, memory_order=ct.MemoryOrder.RELAXED)
-
-
-def _await_sums(SLOTS, k, block, ROWS, SLICES_P2, spin):
-    """The block's rows' sums over all slices, once every slice has posted its part: the row's
-    slots re-read (``_read_slots``) until every one carries the flag, then added in slice order, so
-    that every sibling gets the same bits and the result is the same run to run. A slot still empty
-    after ``spin`` re-reads (a sibling that never ran: only if the grid outgrew what the GPU holds
-    at once, which the launcher prevents) makes its row's sum NaN, a visibly wrong dx, not a hang;
-    what is left of ``spin`` comes back, so that a program waits out one bound at most. Returns
-    ([ROWS, 1] sums, spin left)."""
-    m = SLOTS.shape[1]
-    slices = SLOTS.shape[2]
-    rows = ct.reshape(block * ROWS + ct.arange(ROWS, dtype=ct.int32), (ROWS, 1))
-    lanes = ct.reshape(ct.arange(SLICES_P2, dtype=ct.int32), (1, SLICES_P2))
-    valid = (rows < m) & (lanes < slices)  # past M or past the slices: nothing to wait for
-    v = _read_slots(SLOTS, k, rows, lanes)
+def _await_sums(SLOTS, block, ROWS, SLICES, SUMS, SLICES_P2, spin):
+    """The block's rows' sums over all slices, once every slice has posted its part, for each of
+    the SUMS row quantities (SLOTS[row, k * SLICES + slice]): the row's slots re-read until every
+    one carries the flag, then added in slice order, so that every sibling gets the same bits and
+    the result is the same run to run. They are re-read by atomic ORs of 0 at L2: a plain load
+    re-read in the loop was taken for loop-invariant (rows whose siblings posted late kept waiting
+    until the bound), and an atomic is done every time; relaxed, since the value is all there is
+    to read (an acquire's fence would also wait for the next block's loads, in flight by then).
+    LayerNorm's two sums share one wait. A slot still empty after ``spin`` re-reads (a sibling
+    that never ran: only if the grid outgrew what the GPU holds at once, which the launcher
+    prevents) makes its row's sum NaN, a visibly wrong dx, not a hang; what is left of ``spin``
+    comes back, so that a program waits out one bound at most. Returns ([ROWS, SUMS, 1] sums,
+    spin left)."""
+    rows = ct.reshape(block * ROWS + ct.arange(ROWS, dtype=ct.int32), (ROWS, 1, 1))
+    k = ct.reshape(ct.arange(SUMS, dtype=ct.int32), (1, SUMS, 1))
+    lanes = ct.reshape(ct.arange(SLICES_P2, dtype=ct.int32), (1, 1, SLICES_P2))
+    valid = (rows < SLOTS.shape[0]) & (lanes < SLICES)  # past M or past the slices: nothing to wait for
+    zero = ct.zeros((1, 1, 1), dtype=ct.int64)
+    relaxed = ct.MemoryOrder.RELAXED
+    v = ct.atomic_or(SLOTS, (rows, k * SLICES + lanes), zero, memory_order=relaxed)
     missing = ct.sum(ct.astype(valid & (v < FLAG), ct.int32))
     tries = 0
     while (missing > 0) & (tries < spin):
-        v = _read_slots(SLOTS, k, rows, lanes)
+        v = ct.atomic_or(SLOTS, (rows, k * SLICES + lanes), zero, memory_order=relaxed)
         missing = ct.sum(ct.astype(valid & (v < FLAG), ct.int32))
         tries += 1
     value = ct.bitcast(ct.astype(ct.bitwise_and(v, FLAG - 1), ct.uint32), ct.float32)
     value = ct.where(valid & (v < FLAG), math.nan, ct.where(valid, value, 0.0))
     left = ct.where(missing > 0, 0, spin - tries)
-    return ct.sum(value, axis=1, keepdims=True), left
+    return ct.sum(value, axis=2, keepdims=True), left
 
 
 def _bwd_sync_kernel(
     DY, X, W, MEAN, RSTD, DRES, SLOTS, DX, DW_PARTIAL, DB_PARTIAL,
     LAYERNORM: ConstBool, HAS_WEIGHT: ConstBool, HAS_DRESIDUAL: ConstBool,
-    ROWS: ConstInt, BLOCK_N: ConstInt, SLICES_P2: ConstInt, TMA_LOAD: ConstBool,
+    ROWS: ConstInt, BLOCK_N: ConstInt, SLICES: ConstInt, SLICES_P2: ConstInt, TMA_LOAD: ConstBool,
     TMA_STORE: ConstBool, LATENCY: ConstInt, HEAD_ROWS: ConstInt, SPIN: ConstInt,
 ):  # fmt: skip
     """``_bwd_kernel``'s sliced rows with the row sums exchanged between the slices of a row group
@@ -462,21 +459,20 @@ def _bwd_sync_kernel(
         g = dy
         if HAS_WEIGHT:
             g = dy * w
-        _post_sums(SLOTS, 0, block, me, ct.sum(g * x, axis=1), ROWS)
+        _post_sums(SLOTS, block, me, ct.sum(g * x, axis=1), ROWS)
         if LAYERNORM:
-            _post_sums(SLOTS, 1, block, me, ct.sum(g, axis=1), ROWS)
+            _post_sums(SLOTS, block, SLICES + me, ct.sum(g, axis=1), ROWS)
         # the next block's slice; past the range, a block that is read and never used (within the
         # array: a tile wholly outside it is undefined behaviour in cuTile)
         ahead = ct.minimum(block + 1, n_blocks - 1)
         x_next = _ld_rows(X, ahead, me, ROWS, BLOCK_N, HEAD_ROWS, TMA_LOAD, LATENCY)
         dy_next = _ld_rows(DY, ahead, me, ROWS, BLOCK_N, HEAD_ROWS, TMA_LOAD, LATENCY)
         rstd = _row_stat(RSTD, block, ROWS)
-        sum_gxc, spin = _await_sums(SLOTS, 0, block, ROWS, SLICES_P2, spin)
+        sums, spin = _await_sums(SLOTS, block, ROWS, SLICES, 1 + int(LAYERNORM), SLICES_P2, spin)
         xhat = x * rstd
-        dx = g - xhat * (sum_gxc * rstd / n)
+        dx = g - xhat * (ct.reshape(ct.extract(sums, (0, 0, 0), (ROWS, 1, 1)), (ROWS, 1)) * rstd / n)
         if LAYERNORM:
-            sum_g, spin = _await_sums(SLOTS, 1, block, ROWS, SLICES_P2, spin)
-            dx = dx - sum_g / n
+            dx = dx - ct.reshape(ct.extract(sums, (0, 1, 0), (ROWS, 1, 1)), (ROWS, 1)) / n
             db = db + dy
         dx = dx * rstd
         if HAS_DRESIDUAL:
@@ -1018,10 +1014,10 @@ def norm_bwd(dy, dres, x, weight, mean, rstd, layernorm: bool):
         _launch(_kernel(_bwd_odd_kernel, t), (groups, 1, 1), args)
         return _sum_partials(partials, weight, x, N, n_sums, groups, layernorm, dx)
     if sync:
-        slots = torch.zeros((1 + int(layernorm), M, slices), dtype=torch.int64, device=x.device)
+        slots = torch.zeros((M, (1 + int(layernorm)) * slices), dtype=torch.int64, device=x.device)
         args = (
             dy, x, w, mean, rstd, dres_arg, slots, dx, dw_partial, db_partial, layernorm, has_weight,
-            dres is not None, p.rows, p.width, next_pow2(slices), t.tma_load, t.tma_store, t.latency, hr, SPIN_LIMIT,
+            dres is not None, p.rows, p.width, slices, next_pow2(slices), t.tma_load, t.tma_store, t.latency, hr, SPIN_LIMIT,
         )  # fmt: skip
         _launch(_kernel(_bwd_sync_kernel, t), (groups, slices, 1), args)
         return _sum_partials(partials, weight, x, N, n_sums, groups, layernorm, dx)

@@ -1,8 +1,9 @@
 """cuTile's backward for rows wider than one tile (N > 8192): the column slices exchanging their row
 sums among themselves (``Tuning.sync``, ``kernels._bwd_sync_kernel``: x and dy read once) against
 the table's entry (the first kernel's per-slice sums, then the sliced kernel: x and dy read twice).
-Candidates cross the slice width with the rows per tile and the compiler's hints, on the table
-entry's other fields. Each candidate is compiled in parallel processes first (cuTile's disk cache),
+Candidates change the slice width, the rows per tile and the compiler's hints of the table
+entry (round two crossed slices of 2048-8192 columns with 1-4 rows and the hints; round three
+searches around its best). Each candidate is compiled in parallel processes first (cuTile's disk cache),
 checked against the fp64 reference on (512, N), then all are timed alternately, three rounds, bf16,
 M * N = 2^27.
 
@@ -28,36 +29,36 @@ from explore import ELEMS, OPS, case_of, kernels, run_once, tuned, warm  # noqa:
 from gpu_timing import bench, finish_meta, start_meta, write_result  # noqa: E402
 
 WIDTHS = tuple(int(n) for n in os.environ.get("WIDE_N", "10240,12288,16384,24576,32768,49152,65536,131072,262144").split(","))
-# (slice, rows per tile, worker warps, occupancy); None: the table entry's own hints
+# Round three: around round two's best (8192-wide slices, one row, 8 worker warps, occupancy 1),
+# with LayerNorm's two sums awaited together. Each: the changes to the table entry besides sync.
 GRID = (
-    (8192, 1, None, None),
-    (4096, 1, None, None),
-    (4096, 2, None, None),
-    (2048, 2, None, None),
-    (2048, 4, None, None),
-    (8192, 1, 8, 1),
-    (4096, 2, 8, 1),
-    (2048, 4, 4, 1),
+    dict(bwd_slice=8192, bwd_tile_elements=8192, worker_warps=8, occupancy=1),
+    dict(bwd_slice=8192, bwd_tile_elements=8192, worker_warps=8, occupancy=2),
+    dict(bwd_slice=8192, bwd_tile_elements=8192, worker_warps=4, occupancy=1),
+    dict(bwd_slice=8192, bwd_tile_elements=8192, worker_warps=8, occupancy=1, tma_store=False),
+    dict(bwd_slice=8192, bwd_tile_elements=8192, worker_warps=8, occupancy=1, latency=4),
+    dict(bwd_slice=8192, bwd_tile_elements=16384, worker_warps=8, occupancy=1),
+    dict(bwd_slice=16384, bwd_tile_elements=16384, bwd_row_max=8192, worker_warps=8, occupancy=1),
+    dict(bwd_slice=4096, bwd_tile_elements=4096, worker_warps=8, occupancy=1),
 )
+SHORT = {"bwd_slice": "s", "bwd_tile_elements": "e", "worker_warps": "w", "occupancy": "o", "tma_store": "ts",
+         "latency": "l", "bwd_row_max": "max"}  # fmt: skip
 
 
 def name(c) -> str:
-    return "table" if c is None else "s{} r{} w{} o{}".format(*("-" if v is None else v for v in c))
+    return "table" if c is None else " ".join(f"{SHORT[k]}{int(v)}" for k, v in c.items())
 
 
 def tuning_of(op: str, n: int, c) -> dict:
-    """The table entry's fields for (op, bwd, n), with the candidate's changes (``{}``: the entry)."""
+    """The table entry's fields for (op, bwd, n), with sync and the candidate's changes (None: the
+    entry as it is; round two timed ``Tuning()``'s defaults under that name instead, the first
+    version's plan, not the entry)."""
     from dataclasses import asdict
 
     from impls.cutile import configs
 
-    if c is None:
-        return {}
     t = asdict(configs.choose(op, "bwd", n, torch.device("cuda", torch.cuda.current_device())))
-    t.update(sync=True, bwd_slice=c[0], bwd_tile_elements=c[0] * c[1])
-    if c[2] is not None:
-        t.update(worker_warps=c[2], occupancy=c[3])
-    return t
+    return t if c is None else {**t, "sync": True, **c}
 
 
 def main(out_dir: str, budget_s: float) -> None:
