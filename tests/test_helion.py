@@ -105,7 +105,7 @@ def test_configs_json_is_well_formed():
         hit = configs.table()[gpu][entry][dtype][str(n)]
         assert entry in ENTRIES and dtype in ("bf16", "fp16", "fp32")
         assert hit["kernel"].startswith(entry) and hasattr(kernels, hit["kernel"])
-        assert ("first_pass" in hit) == hit["kernel"].endswith("_split")
+        assert ("first_pass" in hit) == hit["kernel"].endswith(("_split", "_sync"))
         configs.Pinned.from_entry(hit, "tuned").helion_config()
 
 
@@ -119,7 +119,7 @@ def test_pinned_config_generates_triton_without_gpu(point):
     pinned = configs.table()[gpu][entry][dtype][str(n)]
     assert f"kernel {pinned['kernel']}\n" in source
     assert "@triton.jit" in source and f"def _helion_{pinned['kernel']}(" in source
-    if "first_pass" in pinned:
+    if pinned["kernel"].endswith("_split"):
         assert f"def _helion_{op}_bwd_row_sums(" in source
 
 
@@ -782,3 +782,148 @@ def test_realigned_kernels_move_whole_vectors():
     assert len(vectors) == 6, vectors
     for key, (realigned, element_wise) in vectors.items():
         assert realigned > 0 and element_wise == 0, (key, realigned, element_wise)
+
+
+# ---------------------------------------------------------------- the exchanging backward (``*_bwd_sync``)
+# An entry naming it holds a split config: 1024-column slices, 2 rows a step; rows of 2000 are two
+# slices, rows of 1003 one.
+SYNC_SPLIT = {"block_sizes": [128, 1024, 2], "num_warps": 4}
+SYNC_FIRST_PASS = {"block_sizes": [1], "reduction_loops": [None], "num_warps": 4}
+
+
+def _force_sync(monkeypatch, op: str) -> str:
+    """Every backward of ``op`` on an entry naming the exchanging kernel; returns its name."""
+    family = codegen.KERNELS_OF[op]
+    choice = configs.Pinned(f"{family}_bwd_sync", SYNC_SPLIT, "test", SYNC_FIRST_PASS)
+    monkeypatch.setitem(configs.FORCED, f"{family}_bwd", choice)
+    return choice.kernel
+
+
+def _launched(monkeypatch, compiled: bool) -> list:
+    """The kernels the contract functions launch from now on: in Helion's eager mode, or compiled to
+    Triton (for its interpreter)."""
+    ran = []
+    launch = kernels.launch
+
+    def run(kernel, config, *args):
+        ran.append(kernel.name)
+        if not compiled:
+            return launch(kernel, config, *args)
+        bound = kernel.bind(args)
+        return bound.compile_config(configs.fit(config, bound))(*args)
+
+    monkeypatch.setattr(kernels, "launch", run)
+    return ran
+
+
+@pytest.mark.parametrize("op", NORMS)
+def test_exchanging_backward_falls_back_to_the_split_kernels_on_the_cpu(op, monkeypatch):
+    """Eager mode runs programs one after another, so a program waiting for its siblings would wait
+    out its bound: on CPU tensors an entry naming the exchanging kernel runs the split kernels with
+    its split config, and matches the fp64 reference (rows of two slices, fp32 parameters)."""
+    _force_sync(monkeypatch, op)
+    ran = _launched(monkeypatch, compiled=False)
+    case = drawn(op, Shape((6, 2000)), torch.bfloat16, torch.float32, seed=3)
+    assert_passed(reports(kernels, op, "bwd", case), op)
+    family = codegen.KERNELS_OF[op]
+    assert ran == [f"{family}_bwd_row_sums", f"{family}_bwd_split"], ran
+
+
+def test_exchanging_backwards_grid_fits_the_sms():
+    """The exchanging kernel's grid: groups x slices programs, no more than the SMs, the row blocks
+    spread as evenly as they go; none where a row's slices outnumber the SMs, on the CPU, without
+    rows, or for an entry naming the split kernel."""
+    config = configs.sync_config({"block_sizes": [128, 4096, 2], "num_warps": 8, "range_num_stages": [0, 3]})
+    assert config == {"block_sizes": [2, 4096], "num_warps": 8}
+    x = torch.empty(1, 1, dtype=torch.bfloat16).expand(16384, 32768)  # 8 slices
+    _, slots, groups, share, extra, spin = kernels._exchange_grid(config, x, 2, 132)
+    assert slots.shape == (16384, 8, 2) and slots.dtype == torch.int64 and not slots.any()
+    assert (groups, share, extra, spin) == (16, 512, 0, kernels.SPIN_LIMIT)
+    _, _, groups, share, extra, _ = kernels._exchange_grid(config, x[:1001], 1, 132)  # 501 blocks of 2 rows
+    assert (groups, share, extra) == (16, 31, 5) and groups * -(-x.shape[1] // 4096) <= 132
+    assert kernels._exchange_grid(config, x[:3], 1, 132)[2] == 2  # a group per row block
+    assert kernels._exchange_grid(config, x, 1, 7) is None  # 8 slices, 7 SMs
+    sync = configs.Pinned("rmsnorm_bwd_sync", {"block_sizes": [128, 4096, 2], "num_warps": 8})
+    assert kernels._exchange(sync, torch.empty(4, 32768), 1) is None  # the CPU
+    assert kernels._exchange(configs.default_config("rmsnorm_bwd", 32768), torch.empty(4, 32768), 1) is None
+
+
+def _exchange_on_cpu(monkeypatch, spin: int) -> None:
+    """The exchanging kernel on CPU tensors, as on a GPU of 3 SMs per slice (3 groups), each wait
+    bounded by ``spin`` re-reads: for Triton's interpreter, which runs the programs one after
+    another, so a program finds only the slots of those before it posted."""
+
+    def exchange(choice, x, planes):
+        if not choice.kernel.endswith("_bwd_sync"):
+            return None
+        config = configs.sync_config(choice.config)
+        return kernels._exchange_grid(config, x, planes, 3 * -(-x.shape[1] // config["block_sizes"][1]))
+
+    monkeypatch.setattr(kernels, "_exchange", exchange)
+    monkeypatch.setattr(kernels, "SPIN_LIMIT", spin)
+
+
+def _backward(k, op: str, case: dict):
+    """The backward's outputs on the reference forward's statistics, stored as a model stores them."""
+    rec, x = OPS[op], case["x"]
+    ref_fwd = rec.reference_fwd(*[case[a.name] for a in rec.fwd_args])
+    stored = dict(case)
+    for a, r in zip(rec.fwd_outputs, ref_fwd):
+        stored[a.name] = r.to(x.dtype if a.kind == "rows" else torch.float32)
+    return getattr(k, rec.function("bwd"))(*[stored[a.name] for a in rec.bwd_args])
+
+
+@TRITON_INTERPRETER
+@pytest.mark.parametrize("op", NORMS)
+def test_exchanging_backward_in_generated_triton(op, monkeypatch, no_libdevice):
+    """The Triton Helion generates for the exchanging kernel, under Triton's interpreter. Rows of one
+    slice (each program waits on its own posts only): 9 rows in 5 blocks of 2 over 3 groups (2, 2
+    and 1 blocks, the last block half empty) match the fp64 reference, fp32 parameters (fp16 for
+    add_rmsnorm: see test_generated_triton_under_the_interpreter). Rows of two slices: the first
+    slice's programs run before the second's exist, find their slots empty after the bounded wait
+    and give NaN in their columns, not a hang; the second slice's programs find every slot posted
+    and match the split kernels; dweight (and dbias) need no row sums and match throughout."""
+    kernel = _force_sync(monkeypatch, op)
+    ran = _launched(monkeypatch, compiled=True)
+    _exchange_on_cpu(monkeypatch, spin=4)
+    dtype = torch.float16 if op == "add_rmsnorm" else torch.bfloat16
+    assert_passed(reports(kernels, op, "bwd", drawn(op, Shape((9, 1003)), dtype, torch.float32, seed=5)), "one slice")
+    assert ran == [kernel], ran
+    case = drawn(op, Shape((9, 2000)), dtype, torch.float32, seed=6)
+    exchanged = _backward(kernels, op, case)
+    monkeypatch.setattr(kernels, "_exchange", lambda choice, x, planes: None)
+    split = _backward(kernels, op, case)
+    assert ran[1:] == [kernel, f"{codegen.KERNELS_OF[op]}_bwd_row_sums", f"{codegen.KERNELS_OF[op]}_bwd_split"], ran
+    dx = exchanged[0]
+    assert dx[:, :1024].isnan().all() and dx[:, 1024:].isfinite().all()
+    torch.testing.assert_close(dx[:, 1024:].float(), split[0][:, 1024:].float(), rtol=2e-2, atol=2e-2)
+    for mine, theirs in zip(exchanged[1:], split[1:]):
+        torch.testing.assert_close(mine, theirs, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("op", NORMS)
+def test_exchanging_backward_posts_and_waits_in_generated_triton(op):
+    """The exchanging kernel's Triton (no GPU needed): each row sum posted by an atomic exchange
+    (LayerNorm posts two), the siblings' read back by an atomic add of 0 in a while loop."""
+    choice = configs.Pinned(f"{codegen.KERNELS_OF[op]}_bwd_sync", SYNC_SPLIT)
+    ((kernel, config, args),) = codegen.launches(op, "bwd", choice, codegen.example_args(op, "bwd", 24576, "bf16"))
+    bound = kernel.bind(args)
+    source = bound.to_triton_code(configs.fit(config, bound))
+    assert source.count("tl.atomic_xchg(") == (2 if op == "layernorm" else 1)
+    assert "while while_cond:" in source and source.count("tl.atomic_add(") == 2  # the first read, the re-read
+
+
+def test_exchanging_backward_builds_for_sm90a():
+    """The exchanging kernels' generated Triton, built for sm_90a: the atomic exchanges, and one
+    loop re-reading the slots by an atomic add that posts nothing. In a process of its own (see
+    test_realigned_kernels_move_whole_vectors)."""
+    import json
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    proc = subprocess.run([sys.executable, "-m", "impls.helion.sm90a_build", "--sync", "24576"], env=env,
+                          check=False, capture_output=True, text=True, timeout=900)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    built = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert built == {"rmsnorm 24576": [1, 1], "layernorm 24576": [2, 1], "add_rmsnorm 24576": [1, 1]}, built

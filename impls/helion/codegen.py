@@ -50,6 +50,15 @@ def launches(op: str, direction: str, choice: configs.Pinned, args: tuple) -> li
         weight = 3 if family == "rmsnorm" else 2  # (dy, dresidual, x, weight, rstd) or (dy, x, weight, mean, rstd)
         heads = tuple(a if i == weight or a is None else a[:, None] for i, a in enumerate(args))
         return [(getattr(kernels, choice.kernel), configs.heads_config(choice, 1), heads)]
+    if choice.kernel == f"{family}_bwd_sync":
+        # one group of every slice; the slots zeroed, as the launcher passes them
+        config = configs.sync_config(choice.config)
+        x = args[2] if family == "rmsnorm" else args[1]
+        m, n = x.shape
+        slices = -(-n // config["block_sizes"][1])
+        slots = torch.zeros((m, slices) if family == "rmsnorm" else (m, slices, 2), dtype=torch.int64)
+        blocks = -(-m // config["block_sizes"][0])
+        return [(getattr(kernels, choice.kernel), config, args + (slots, 1, blocks, 0, kernels.SPIN_LIMIT))]
     if choice.kernel != f"{family}_bwd_split":
         return [(getattr(kernels, choice.kernel), choice.config, args)]
     row_stats = args[-1]  # the per-row sums are (M,) fp32, like the statistics

@@ -26,6 +26,11 @@ Where the config comes from (``pinned()``):
    backward's row sums), and the split backward's second kernel takes tiles of 128 rows x 1024
    columns, walked 4 rows at a time.
 
+A backward entry may name the exchanging kernel (``*_bwd_sync``, ``kernels.py``) where it would
+name the split one: its ``config`` and ``first_pass`` are still the split kernels', which run where
+the exchange cannot (on the CPU, or with more slices than SMs), and the exchanging kernel takes the
+split kernel's column tiles as its slices and its rows per step as its own (``sync_config``).
+
 The entry points are rmsnorm's and layernorm's: add_rmsnorm runs rmsnorm's kernels (specialized for
 the residual tensors) with rmsnorm's entries at the same N. The dtype key is x's (what sets a row's
 bytes), whatever the weight's dtype; an fp32 weight is one more (N,) vector per program. The FP8
@@ -52,6 +57,9 @@ direction>" -> N bucket -> ``{"kernel", "config", "programs_per_sm"}``, add_rmsn
 rmsnorm's entry; without one, ``realigned_default()``. ``programs_per_sm`` sizes their persistent
 grid (``realigned_programs``). Searched by tools/experiments/helion-odd-rows/explore.py
 (``normbench tune`` leaves the table alone).
+
+``force(entry, choice)`` makes every call of an entry point run one ``Pinned``, whatever the N, GPU
+or dtype, until lifted (experiments: a candidate's check and timing through the contract functions).
 
 On the CPU nothing is compiled: ``launch()`` runs the same kernel code in Helion's eager reference
 mode (what HELION_INTERPRET=1 selects; here it is chosen by the tensors' device, so it does not
@@ -177,6 +185,14 @@ def default_config(entry: str, n: int) -> Pinned:
         {"block_sizes": [128, 1024, 4], "num_warps": 8},
         first_pass={"block_sizes": [1], "reduction_loops": [8192], "num_warps": 32},
     )
+
+
+def sync_config(config: dict) -> dict:
+    """The exchanging backward's config (block sizes [rows per step, slice width]) for an entry's
+    split config ([rows per program, columns, rows per step]): the split kernel's column tile as
+    the slice, its step as the step, on the same warps."""
+    _, columns, step = config["block_sizes"]
+    return {"block_sizes": [step, columns], **{k: v for k, v in config.items() if k in ("num_warps", "num_stages")}}
 
 
 # ---------------------------------------------------------------- the pinned table
@@ -376,12 +392,27 @@ def fused_pinned(entry: str, n: int, dtype: str, gpu: str, capability, rows: flo
     return pinned(entry, max(1, int(n * rows)), dtype, gpu, capability)
 
 
+# entry point -> the choice every call of it runs (``force``)
+FORCED: dict[str, Pinned] = {}
+
+
+def force(entry: str, choice: Pinned | None) -> Pinned | None:
+    """Every call of ``entry`` (e.g. "rmsnorm_bwd", which add_rmsnorm's backward runs too) runs
+    ``choice`` from now on, whatever the N, GPU or dtype; None lifts it. Returns the previous one."""
+    old = FORCED.pop(entry, None)
+    if choice is not None:
+        FORCED[entry] = choice
+    return old
+
+
 def choose(entry: str, x: torch.Tensor, rows: float = 1.0) -> Pinned:
     """The pinned choice for ``entry`` on inputs like ``x`` ((M, N), or (T, H, N): M = T * H rows).
     ``rows``: the row tensors the kernel stages per row, over what the entry was tuned with: the
     fused add's backward stages dresidual_out beside dy and residual_out (1.5), so it may take the
     config of rows 1.5x as long, as fp32 takes that of rows twice as long, where that is measured to
-    pay (``fused_pinned``)."""
+    pay (``fused_pinned``). A forced choice (``force``) comes back as it is."""
+    if FORCED and entry in FORCED:
+        return FORCED[entry]
     n = x.shape[-1]
     key = (entry, x.dtype, n, x.device, rows)
     choice = _CHOICE.get(key)

@@ -59,6 +59,22 @@ The backward comes in two shapes; the pinned config says which one a row length 
   them for its columns only. x and dy are read twice; the 2-D grid keeps the GPU busy however few
   the rows, and the partials stay small. dresidual is read by the second kernel only, where dx is
   formed.
+* ``*_bwd_sync``, the split backward in one kernel, x and dy read once (3 units of traffic where
+  the split one moves 5): a persistent grid of groups x slices programs, each owning one column
+  slice (the split config's column tile) of a contiguous run of row blocks; per block it posts its
+  slice's part of each row's sums (RMSNorm: sum(g * x); LayerNorm: sum(g * (x - mean)) and sum(g))
+  to global memory, issues the next block's loads, and waits for its siblings' parts. The launcher
+  keeps the grid to the SMs (groups * slices <= SM count, one program each): a program spins until
+  every sibling has posted, so all must be resident at once; a grid the GPU cannot hold would wait
+  for programs that start only when it ends. Each sum travels as one int64, its fp32 bits
+  zero-extended with bit 32 set as the "posted" flag, in one atomic exchange: a reader that sees
+  the flag sees the value (no fence between a value and its flag to get wrong). The wait re-reads
+  the row block's slots with an atomic add of 0 (Helion has no volatile load; the atomic reads L2,
+  never a stale L1 line) and adds them in one fixed order over the slices, the same in every
+  program, so all siblings get the same bits and a run is deterministic. It is bounded: a slot still
+  empty after 2^20 re-reads (about a second) makes that row's sums NaN, a visibly wrong dx rather
+  than a hang, and the program waits no more on later blocks. On the CPU (eager mode runs the
+  programs one after another) and where the conditions fail the choice runs the split kernels.
 
 * ``*_bwd_heads``, the resident backward over (T, H, N) rows, tiled over tokens and heads, whose
   dw (and db) accumulate per row of the step ([tokens, heads, N] in fp32 registers) and are
@@ -112,7 +128,17 @@ import helion.language as hl
 import torch
 from triton.runtime.errors import OutOfResources
 
-from .configs import FUSED_ADD_ROWS, choose, choose_realigned, heads_config, is_odd, launch, realigned_programs
+from .configs import (
+    FUSED_ADD_ROWS,
+    choose,
+    choose_realigned,
+    heads_config,
+    is_odd,
+    launch,
+    realigned_programs,
+    sm_count,
+    sync_config,
+)
 from .imports import RefMode, kernel
 
 __all__ = ["rmsnorm_fwd", "rmsnorm_bwd", "layernorm_fwd", "layernorm_bwd", "add_rmsnorm_fwd", "add_rmsnorm_bwd"]
@@ -231,6 +257,92 @@ def rmsnorm_bwd_split(
             dw_acc = dw_acc + torch.sum(dyf * xhat, dim=0)
         dw_partial[block.id, cols] = dw_acc
     return dx, dw_partial
+
+
+@kernel(**COMPILED)
+def rmsnorm_bwd_sync(
+    dy: torch.Tensor,
+    dresidual: torch.Tensor | None,
+    x: torch.Tensor,
+    weight: torch.Tensor | None,
+    rstd: torch.Tensor,
+    slots: torch.Tensor,
+    groups: int,
+    share: int,
+    extra: int,
+    spin: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The split backward in one pass: ``groups`` x slices programs, each owning one column slice of
+    a group's rows, posting its slice's part of each row's sum(g * x) to ``slots`` ((M, slices)
+    int64, zeroed by the caller) and waiting for its siblings' (see the module docstring). Group g
+    walks row blocks [g * share + min(g, extra), (g + 1) * share + min(g + 1, extra)), ``spin``
+    bounds each wait."""
+    m, n = x.size()
+    n = hl.specialize(n)
+    hl.specialize(slots.size(1))
+    rows_per_step = hl.register_block_size(m)
+    slice_width = hl.register_block_size(n)
+    dx = torch.empty([m, n], dtype=x.dtype, device=x.device)
+    dw_partial = torch.empty([groups, n], dtype=torch.float32, device=x.device)
+    for group, cols in hl.tile([groups, n], block_size=[1, slice_width]):
+        # a run of row blocks, as many as every other group's or one more (``min`` here, not in a
+        # helper: Helion traces a helper's Python ``min`` on symbols by their example values)
+        begin = (group.begin * share + min(group.begin, extra)) * rows_per_step
+        end = min(m, ((group.begin + 1) * share + min(group.begin + 1, extra)) * rows_per_step)
+        dw_acc = hl.zeros([cols], dtype=torch.float32)
+        budget = hl.full([], spin, dtype=torch.int32)
+        x_next, dy_next = _rows_ahead(x, dy, begin, end, rows_per_step, cols)
+        for rows in hl.tile(begin, end, block_size=rows_per_step):
+            xf = x_next.to(torch.float32)
+            dyf = dy_next.to(torch.float32)
+            g = dyf
+            if weight is not None:
+                g = dyf * weight[cols].to(torch.float32)[None, :]
+            hl.atomic_xchg(slots, [rows, cols.id], _posted(torch.sum(g * xf, dim=-1)))
+            # the next block's loads go out before the wait, which they overlap
+            x_next, dy_next = _rows_ahead(x, dy, rows.begin + rows_per_step, end, rows_per_step, cols)
+            sums = hl.atomic_add(slots, [rows, slice(None)], 0)
+            tries = hl.zeros([], dtype=torch.int32)
+            while _unposted(sums) & (tries < budget):
+                sums = hl.atomic_add(slots, [rows, slice(None)], 0)
+                tries = tries + 1
+            budget = torch.where(_unposted(sums), 0, budget)
+            rstd_rows = rstd[rows][:, None]
+            c = torch.sum(_values(sums), dim=-1)[:, None] * rstd_rows / n
+            xhat = xf * rstd_rows
+            dxf = (g - xhat * c) * rstd_rows
+            if dresidual is not None:
+                dxf = dxf + dresidual[rows, cols].to(torch.float32)
+            dx[rows, cols] = dxf.to(x.dtype)
+            dw_acc = dw_acc + torch.sum(dyf * xhat, dim=0)
+        dw_partial[group.begin, cols] = dw_acc
+    return dx, dw_partial
+
+
+def _rows_ahead(x, dy, first, end, rows_per_step, cols):
+    """x and dy (storage dtype) of the block of rows from ``first`` in an exchanging program's slice;
+    rows from ``end`` on read 0. (``unsqueeze``: see _odd_tile.)"""
+    rows = first + hl.arange(rows_per_step)
+    mask = (rows < end).unsqueeze(1)
+    return hl.load(x, [rows, cols], extra_mask=mask), hl.load(dy, [rows, cols], extra_mask=mask)
+
+
+def _posted(value):
+    """A slot's int64 for fp32 ``value``: its bits zero-extended, bit 32 the "posted" flag."""
+    return (value.view(torch.int32).to(torch.int64) & 0xFFFFFFFF) | (1 << 32)
+
+
+def _unposted(sums):
+    """Whether any slot of ``sums`` (the slots of a block's rows) is still empty."""
+    flags = sums >> 32
+    for dim in reversed(range(flags.dim())):
+        flags = torch.amin(flags, dim=dim)
+    return flags == 0
+
+
+def _values(sums):
+    """The fp32 values of ``sums``: NaN where a slot is still empty."""
+    return torch.where((sums >> 32) == 0, float("nan"), (sums & 0xFFFFFFFF).to(torch.int32).view(torch.float32))
 
 
 @kernel(**COMPILED)
@@ -357,7 +469,7 @@ def add_rmsnorm_bwd(dy, dresidual_out, residual_out, weight, rstd):
         return dx, dw_partial.sum(0).to(weight.dtype) if weight is not None else None
     if residual_out.dim() == 3:  # (T, H, N) rows: read in place, unless too wide to stay resident
         choice = choose("rmsnorm_bwd", residual_out)
-        if choice.kernel != rmsnorm_bwd_split.name:
+        if choice.kernel not in (rmsnorm_bwd_split.name, rmsnorm_bwd_sync.name):
             return _rms_bwd_heads(choice, dy, dresidual_out, residual_out, weight, rstd)
         n = residual_out.shape[-1]
         dy, residual_out = dy.reshape(-1, n), residual_out.reshape(-1, n)
@@ -370,7 +482,7 @@ def add_rmsnorm_bwd(dy, dresidual_out, residual_out, weight, rstd):
         try:
             out = _bwd(choice, dy, dresidual_out, residual_out, weight, rstd)
         except OutOfResources:
-            if choice.kernel == rmsnorm_bwd_split.name or choice == failed:  # nothing smaller to take
+            if choice.kernel in (rmsnorm_bwd_split.name, rmsnorm_bwd_sync.name) or choice == failed:  # nothing smaller
                 raise
             failed, rows = choice, rows * 2
             continue
@@ -381,7 +493,10 @@ def add_rmsnorm_bwd(dy, dresidual_out, residual_out, weight, rstd):
 def _bwd(choice, dy, dresidual_out, x, weight, rstd):
     if choice.kernel == rmsnorm_bwd_heads.name:
         return _rms_bwd_heads(choice, dy, dresidual_out, x, weight, rstd)
-    if choice.kernel == rmsnorm_bwd_split.name:
+    exchange = _exchange(choice, x, 1)
+    if exchange is not None:
+        dx, dw_partial = launch(rmsnorm_bwd_sync, exchange[0], dy, dresidual_out, x, weight, rstd, *exchange[1:])
+    elif choice.kernel in (rmsnorm_bwd_split.name, rmsnorm_bwd_sync.name):
         c = launch(rmsnorm_bwd_row_sums, choice.first_pass, dy, x, weight, rstd)
         dx, dw_partial = launch(rmsnorm_bwd_split, choice.config, dy, dresidual_out, x, weight, rstd, c)
     else:
@@ -393,6 +508,38 @@ def _bwd(choice, dy, dresidual_out, x, weight, rstd):
 
 def rmsnorm_bwd(dy, x, weight, rstd):
     return add_rmsnorm_bwd(dy, None, x, weight, rstd)
+
+
+# Re-reads of a row block's slots before an exchanging program gives up on a sibling (see the
+# module docstring): ~2^20 L2 round trips, about a second, far beyond any real wait.
+SPIN_LIMIT = 1 << 20
+
+
+def _exchange(choice, x, planes: int):
+    """The exchanging backward's (config, slots, groups, share, extra, spin) for (M, N) rows x under
+    ``choice``, or None where it does not run: the choice names the split kernel, x is on the CPU
+    (eager mode runs programs one after another: a wait would never end) or has no rows, or
+    ``_exchange_grid`` says no."""
+    if not choice.kernel.endswith("_bwd_sync") or not x.is_cuda or not x.shape[0]:
+        return None
+    return _exchange_grid(sync_config(choice.config), x, planes, sm_count(x.device))
+
+
+def _exchange_grid(config: dict, x, planes: int, sms: int):
+    """``_exchange``'s launch arguments on a GPU of ``sms`` SMs, None where a row's slices outnumber
+    them. The grid is ``groups`` x slices, no more programs than SMs, so that all siblings are
+    resident together; the row blocks go to the groups as evenly as they can (``share`` each, one
+    more to the first ``extra``). ``slots``: one int64 per (row, slice, row sum), zeroed on every
+    call."""
+    rows, width = config["block_sizes"]
+    m, n = x.shape
+    slices = -(-n // width)
+    if slices > sms:
+        return None
+    blocks = -(-m // rows)
+    groups = max(1, min(blocks, sms // slices))
+    slots = torch.zeros((m, slices) if planes == 1 else (m, slices, planes), dtype=torch.int64, device=x.device)
+    return (config, slots, groups, *divmod(blocks, groups), SPIN_LIMIT)
 
 
 # ==================================================================================== LayerNorm
@@ -507,6 +654,66 @@ def layernorm_bwd_split(
 
 
 @kernel(**COMPILED)
+def layernorm_bwd_sync(
+    dy: torch.Tensor,
+    x: torch.Tensor,
+    weight: torch.Tensor | None,
+    mean: torch.Tensor,
+    rstd: torch.Tensor,
+    slots: torch.Tensor,
+    groups: int,
+    share: int,
+    extra: int,
+    spin: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """rmsnorm_bwd_sync for LayerNorm: each slice posts sum(g * (x - mean)) and sum(g) of its rows,
+    ``slots`` (M, slices, 2)."""
+    m, n = x.size()
+    n = hl.specialize(n)
+    hl.specialize(slots.size(1))
+    hl.specialize(slots.size(2))
+    rows_per_step = hl.register_block_size(m)
+    slice_width = hl.register_block_size(n)
+    dx = torch.empty([m, n], dtype=x.dtype, device=x.device)
+    dw_partial = torch.empty([groups, n], dtype=torch.float32, device=x.device)
+    db_partial = torch.empty([groups, n], dtype=torch.float32, device=x.device)
+    for group, cols in hl.tile([groups, n], block_size=[1, slice_width]):
+        # a run of row blocks, as many as every other group's or one more (``min`` here, not in a
+        # helper: Helion traces a helper's Python ``min`` on symbols by their example values)
+        begin = (group.begin * share + min(group.begin, extra)) * rows_per_step
+        end = min(m, ((group.begin + 1) * share + min(group.begin + 1, extra)) * rows_per_step)
+        dw_acc = hl.zeros([cols], dtype=torch.float32)
+        db_acc = hl.zeros([cols], dtype=torch.float32)
+        budget = hl.full([], spin, dtype=torch.int32)
+        x_next, dy_next = _rows_ahead(x, dy, begin, end, rows_per_step, cols)
+        for rows in hl.tile(begin, end, block_size=rows_per_step):
+            xc = x_next.to(torch.float32) - mean[rows][:, None]
+            dyf = dy_next.to(torch.float32)
+            g = dyf
+            if weight is not None:
+                g = dyf * weight[cols].to(torch.float32)[None, :]
+            hl.atomic_xchg(slots, [rows, cols.id, 0], _posted(torch.sum(g * xc, dim=-1)))
+            hl.atomic_xchg(slots, [rows, cols.id, 1], _posted(torch.sum(g, dim=-1)))
+            x_next, dy_next = _rows_ahead(x, dy, rows.begin + rows_per_step, end, rows_per_step, cols)
+            sums = hl.atomic_add(slots, [rows, slice(None), slice(None)], 0)
+            tries = hl.zeros([], dtype=torch.int32)
+            while _unposted(sums) & (tries < budget):
+                sums = hl.atomic_add(slots, [rows, slice(None), slice(None)], 0)
+                tries = tries + 1
+            budget = torch.where(_unposted(sums), 0, budget)
+            sum_gxc, sum_g = hl.split(torch.sum(_values(sums), dim=1))
+            rstd_rows = rstd[rows][:, None]
+            xhat = xc * rstd_rows
+            c_xhat = sum_gxc[:, None] * rstd_rows / n
+            dx[rows, cols] = ((g - sum_g[:, None] / n - xhat * c_xhat) * rstd_rows).to(x.dtype)
+            dw_acc = dw_acc + torch.sum(dyf * xhat, dim=0)
+            db_acc = db_acc + torch.sum(dyf, dim=0)
+        dw_partial[group.begin, cols] = dw_acc
+        db_partial[group.begin, cols] = db_acc
+    return dx, dw_partial, db_partial
+
+
+@kernel(**COMPILED)
 def layernorm_fwd_heads(
     x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None, eps: float
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -583,7 +790,9 @@ def layernorm_bwd(dy, x, weight, mean, rstd):
     choice = odd or choose("layernorm_bwd", x)
     if odd:
         dx, dw_partial, db_partial = _launch_realigned(odd, layernorm_bwd_odd, dy, x, weight, mean, rstd)
-    elif choice.kernel == layernorm_bwd_heads.name or (x.dim() == 3 and choice.kernel != layernorm_bwd_split.name):
+    elif choice.kernel == layernorm_bwd_heads.name or (
+        x.dim() == 3 and choice.kernel not in (layernorm_bwd_split.name, layernorm_bwd_sync.name)
+    ):
         flat = x.dim() == 2
         if flat:
             dy, x = _as_heads(dy, x)
@@ -592,13 +801,19 @@ def layernorm_bwd(dy, x, weight, mean, rstd):
             layernorm_bwd_heads, heads_config(choice, h), dy, x, weight, mean.view(t, h), rstd.view(t, h)
         )
         dx = dx.view(t, n) if flat else dx
-    elif choice.kernel == layernorm_bwd_split.name:
+    elif choice.kernel in (layernorm_bwd_split.name, layernorm_bwd_sync.name):
         if x.dim() == 3:  # too wide to stay resident: the (M, N) kernels, on a copy
             dy, x = dy.reshape(-1, x.shape[-1]), x.reshape(-1, x.shape[-1])
-        c_xhat, c_mean = launch(layernorm_bwd_row_sums, choice.first_pass, dy, x, weight, mean, rstd)
-        dx, dw_partial, db_partial = launch(
-            layernorm_bwd_split, choice.config, dy, x, weight, mean, rstd, c_xhat, c_mean
-        )
+        exchange = _exchange(choice, x, 2)
+        if exchange is not None:
+            dx, dw_partial, db_partial = launch(
+                layernorm_bwd_sync, exchange[0], dy, x, weight, mean, rstd, *exchange[1:]
+            )
+        else:
+            c_xhat, c_mean = launch(layernorm_bwd_row_sums, choice.first_pass, dy, x, weight, mean, rstd)
+            dx, dw_partial, db_partial = launch(
+                layernorm_bwd_split, choice.config, dy, x, weight, mean, rstd, c_xhat, c_mean
+            )
     else:
         dx, dw_partial, db_partial = launch(layernorm_bwd_resident, choice.config, dy, x, weight, mean, rstd)
     param_dtype = weight.dtype if weight is not None else x.dtype

@@ -1,6 +1,8 @@
-"""Build the Triton that Helion generates for sm_90a without a GPU, and count its 16-byte accesses.
+"""Build the Triton that Helion generates for sm_90a without a GPU, and count its 16-byte accesses
+(or the exchanging backward's atomics).
 
     python -m impls.helion.sm90a_build --vectors [N ...]
+    python -m impls.helion.sm90a_build --sync [N ...]
 
 Helion binds a kernel to CPU tensors and compiles its Triton; running the host function with a
 launcher that only records what it would launch gives the Triton kernel and its arguments, which
@@ -13,6 +15,9 @@ divisibility claimed.
 bias in x's dtype), the ``ld.global.v4`` / ``st.global.v4`` of the realigned kernel with its
 default config and of the element-wise kernel the same rows take without it, as JSON: the
 realigned ones must have some, the element-wise ones have none (tests/test_helion.py).
+
+``--sync`` prints, per op at a wide row length (default 24576, bf16), the exchanging backward's
+(``*_bwd_sync``) atomic exchanges and its waits (``waits``), as JSON.
 """
 
 from __future__ import annotations
@@ -86,16 +91,52 @@ def realigned_vectors(n: int = 4001, m: int = 64) -> dict:
     return out
 
 
+def waits(ptx: str) -> int:
+    """Loops in ``ptx`` that re-read global memory with an atomic add and post nothing (no atomic
+    exchange in them): the exchanging backward's waits for its siblings' row sums."""
+    lines = ptx.splitlines()
+    count = 0
+    for head, line in enumerate(lines):
+        if not line.startswith("$L__BB"):
+            continue
+        label = line.split(":")[0] + ";"
+        back = [i for i in range(head + 1, len(lines)) if "bra" in lines[i] and lines[i].rstrip().endswith(label)]
+        if not back:
+            continue
+        body = lines[head : back[-1]]
+        if any("atom.global" in b and ".add." in b for b in body) and not any(".exch." in b for b in body):
+            count += 1
+    return count
+
+
+# the exchanging backward's config for --sync: 2 rows a step, 4096-column slices, on 8 warps
+SYNC_SPLIT = {"block_sizes": [128, 4096, 2], "num_warps": 8}
+
+
+def sync_builds(n: int = 24576, m: int = 64) -> dict:
+    """{"op N": [atomic exchanges, waits]} of each op's exchanging backward, built for sm_90a."""
+    out = {}
+    for op in ("rmsnorm", "layernorm", "add_rmsnorm"):
+        family = codegen.KERNELS_OF[op]
+        choice = configs.Pinned(f"{family}_bwd_sync", SYNC_SPLIT)
+        args = codegen.example_args(op, "bwd", n, "bf16", m)
+        ((kernel, config, kernel_args),) = codegen.launches(op, "bwd", choice, args)
+        ptx = build(kernel, config, kernel_args).asm["ptx"]
+        out[f"{op} {n}"] = [len(re.findall(r"atom\.global[.\w]*\.exch", ptx)), waits(ptx)]
+    return out
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--vectors", action="store_true", help="print ``realigned_vectors()`` as JSON")
-    p.add_argument("n", nargs="*", type=int, default=[4001], help="row lengths (default 4001)")
+    p.add_argument("--sync", action="store_true", help="print ``sync_builds()`` as JSON")
+    p.add_argument("n", nargs="*", type=int, help="row lengths (default 4001, or 24576 with --sync)")
     a = p.parse_args(argv)
-    if not a.vectors:
-        p.error("nothing to do: pass --vectors")
+    if a.vectors == a.sync:
+        p.error("pass one of --vectors and --sync")
     out = {}
-    for n in a.n:
-        out.update(realigned_vectors(n))
+    for n in a.n or [24576 if a.sync else 4001]:
+        out.update(sync_builds(n) if a.sync else realigned_vectors(n))
     print(json.dumps(out))
     return 0
 

@@ -129,6 +129,35 @@ def candidates(entry: str, m: int, n: int, sms: int) -> list[Pinned]:
     return out[:MAX_CANDIDATES]
 
 
+def pinned_kernels(impl, choices: dict[str, Pinned]):
+    """The contract functions running ``choices`` (entry point -> Pinned, e.g. {"rmsnorm_bwd": ...},
+    which add_rmsnorm's backward runs too) for the length of each call (``configs.force``), behind
+    the harness's own input handling (validation, reshaping, M = 0): what ``run_check(kernels=...)``
+    and ``harness.run.bench.callables`` take. ``{}``: the pinned configs."""
+    from types import SimpleNamespace
+
+    from harness.spec.contract import split_function
+    from harness.spec.ops import get_op
+    from harness.spec.validation import checked
+
+    from . import kernels
+
+    def forcing(fn):
+        def call(*args):
+            before = {entry: configs.force(entry, choice) for entry, choice in choices.items()}
+            try:
+                return fn(*args)
+            finally:
+                for entry, choice in before.items():
+                    configs.force(entry, choice)
+
+        return call
+
+    return SimpleNamespace(**{name: checked(impl, get_op(split_function(name)[0]), split_function(name)[1],
+                                            forcing(getattr(kernels, name)))
+                              for name in kernels.__all__})  # fmt: skip
+
+
 # ---------------------------------------------------------------- one job per (entry point, N)
 _GPU_LOCK = None
 
