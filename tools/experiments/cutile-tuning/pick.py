@@ -6,9 +6,9 @@ Per (op, direction) and N bucket (the tile's width, next_pow2(N); 65536 stands f
 the grid candidate whose worst ratio to the best candidate over the bucket's measured widths is the
 highest: a rule that holds between the points, not the winner of one. The heuristic (a GPU with no
 table of its architecture) is the one candidate per direction with the best worst ratio over every
-op and width. LATER runs (``explore.py wide-fwd``: other candidates at fewer widths) replace the
-grid's pick in every (op, direction, bucket) they measured, picked the same way among their own
-candidates. Writes the GPU's entry and the heuristic into impls/cutile/configs.json.
+op and width. LATER runs (``explore.py wide-fwd``, ``cutile-wide-sync/sync.py``: other candidates at fewer
+widths) replace the grid's pick in every (op, direction, bucket) they measured, picked the same way
+among their own candidates. Writes the GPU's entry and the heuristic into impls/cutile/configs.json.
 """
 
 from __future__ import annotations
@@ -45,13 +45,29 @@ def key(t: dict, direction: str, n: int) -> str:
 CONCRETE: dict = {}  # (direction, op, N, key) -> the measured tuning
 
 
+def _candidates(r: dict) -> list[dict]:
+    """explore.py's records as they are (one per candidate); a record of cutile-wide-sync/sync.py
+    (one per (op, N), its candidates' tunings and fractions side by side: the table's entry among
+    them, as all of its fields) as one per candidate, each tuning without the fields at their
+    ``Tuning()`` defaults, as the table keeps them."""
+    if "tunings" not in r:
+        return [r]
+    from dataclasses import asdict
+
+    from impls.cutile.plan import Tuning
+
+    default = asdict(Tuning())
+    return [{"op": r["op"], "direction": "bwd", "N": r["N"], "frac": r["frac"][name],
+             "tuning": {k: v for k, v in t.items() if default[k] != v}}
+            for name, t in r["tunings"].items() if name in r["frac"] and not r["checks"].get(name, "pass") != "pass"]  # fmt: skip
+
+
 def load(path: str):
     """(op, N) -> {key: fraction}; the plan's defaults ({}) left out: not a table entry."""
     by = collections.defaultdict(dict)
     with open(path) as f:
         lines = f.readlines()
-    for line in lines:
-        r = json.loads(line)
+    for r in (c for line in lines for c in _candidates(json.loads(line))):
         if "frac" in r and r["tuning"]:
             k = key(r["tuning"], r["direction"], r["N"])
             by[(r["op"], r["N"])][k] = max(r["frac"], by[(r["op"], r["N"])].get(k, 0))
@@ -105,9 +121,14 @@ def heuristic(entries: dict, direction: str) -> dict:
     return out
 
 
+def is_sync_run(path: str) -> bool:
+    with open(path) as f:
+        return "tunings" in json.loads(f.readline())
+
+
 def direction_of(path: str) -> str:
     with open(path) as f:
-        return json.loads(f.readline())["direction"]
+        return json.loads(f.readline()).get("direction", "bwd")
 
 
 def main(gpu: str, fwd_path: str, bwd_path: str, *later: str):
@@ -115,18 +136,25 @@ def main(gpu: str, fwd_path: str, bwd_path: str, *later: str):
     if os.path.exists(TABLE):
         with open(TABLE) as f:
             table = json.load(f)
+    table.pop("_heuristic", None)
     entries, notes = {}, {}
     for direction, path in (("fwd", fwd_path), ("bwd", bwd_path)):
         t, nt = pick(load(path), direction)
         entries.update(t)
         notes.update(nt)
+    # the exchanging backward's runs (sync.py) last, after the heuristic: measured on one GPU's
+    # wide rows, they leave the rule for GPUs without a table as the grid found it
+    later = sorted(later, key=is_sync_run)
     for path in later:
+        if is_sync_run(path) and "_heuristic" not in table:
+            table["_heuristic"] = {"fwd": heuristic(entries, "fwd"), "bwd": heuristic(entries, "bwd")}
         t, nt = pick(load(path), direction_of(path))
         for name, buckets in t.items():
             entries[name].update(buckets)
-        notes.update({k: {**v, "from": os.path.basename(path)} for k, v in nt.items()})
+        notes.update({k: {**v, "from": os.path.relpath(path)} for k, v in nt.items()})
     table[gpu] = entries
-    table["_heuristic"] = {"fwd": heuristic(entries, "fwd"), "bwd": heuristic(entries, "bwd")}
+    if not any(is_sync_run(p) for p in later):
+        table["_heuristic"] = {"fwd": heuristic(entries, "fwd"), "bwd": heuristic(entries, "bwd")}
     with open(TABLE, "w") as f:
         json.dump(table, f, indent=1, sort_keys=True)
         f.write("\n")
