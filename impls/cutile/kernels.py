@@ -43,7 +43,10 @@ Design decisions:
   the residual again (the same rounding, the same h) instead of reading back the h its own program
   stored: no kernel here reads what it wrote. The backward cuts such rows into column slices, one
   program each, whose row reductions c1, c2 come from ``_bwd_row_sums_kernel``'s per-(row, slice)
-  sums, added in slice order by every program that needs them (deterministic).
+  sums, added in slice order by every program that needs them (deterministic), or (``sync``) from
+  the slices themselves: ``_bwd_sync_kernel``'s programs, one per SM so that all are resident,
+  post their parts to global memory and wait for each other's, and x and dy are read once. The
+  wait re-reads with atomics: a plain load in the loop was hoisted out of it by the compiler.
 * dweight / dbias without atomics: the backward is persistent, a grid of a few programs per SM
   (per column slice), each walking a contiguous range of row blocks and accumulating dw / db
   in fp32 tiles; each writes one partial row, and ``_sum_partials_kernel`` adds the partials in a
