@@ -311,6 +311,18 @@ def _slice_sums(ROW_SUMS, k, block, ROWS, SLICES_P2):
     return ct.sum(ct.reshape(sums, (ROWS, SLICES_P2)), axis=1, keepdims=True)
 
 
+def _group_blocks(m, ROWS):
+    """(first, count, all) row blocks of ROWS rows of m for this program's group (``ct.bid(0)`` of
+    ``ct.num_blocks(0)``): a contiguous range, the groups' sizes differing by at most one, so that
+    no program idles while another finishes a double share."""
+    group = ct.bid(0)
+    groups = ct.num_blocks(0)
+    n_blocks = ct.cdiv(m, ROWS)
+    share = n_blocks // groups
+    extra = n_blocks % groups
+    return group * share + ct.minimum(group, extra), share + ct.astype(group < extra, ct.int32), n_blocks
+
+
 def _bwd_kernel(
     DY, X, W, MEAN, RSTD, DRES, ROW_SUMS, DX, DW_PARTIAL, DB_PARTIAL,
     LAYERNORM: ConstBool, HAS_WEIGHT: ConstBool, HAS_DRESIDUAL: ConstBool,
@@ -323,15 +335,8 @@ def _bwd_kernel(
     column reduction per row block."""
     group = ct.bid(0)
     me = ct.bid(1)
-    groups = ct.num_blocks(0)
     n = DX.shape[1]
-    # a contiguous range of row blocks per group, sizes differing by at most one, so that no
-    # program idles while another finishes a double share
-    n_blocks = ct.cdiv(DX.shape[0], ROWS)
-    share = n_blocks // groups
-    extra = n_blocks % groups
-    first = group * share + ct.minimum(group, extra)
-    count = share + ct.astype(group < extra, ct.int32)
+    first, count, _ = _group_blocks(DX.shape[0], ROWS)
     dw = ct.zeros((1, BLOCK_N), dtype=ct.float32)
     db = ct.zeros((1, BLOCK_N), dtype=ct.float32)
     dw_rows = ct.zeros((ROWS, BLOCK_N), dtype=ct.float32)
@@ -440,13 +445,8 @@ def _bwd_sync_kernel(
     launcher keeps it to one per SM)."""
     group = ct.bid(0)
     me = ct.bid(1)
-    groups = ct.num_blocks(0)
     n = DX.shape[1]
-    n_blocks = ct.cdiv(DX.shape[0], ROWS)
-    share = n_blocks // groups
-    extra = n_blocks % groups
-    first = group * share + ct.minimum(group, extra)
-    count = share + ct.astype(group < extra, ct.int32)
+    first, count, n_blocks = _group_blocks(DX.shape[0], ROWS)
     dw = ct.zeros((ROWS, BLOCK_N), dtype=ct.float32)
     db = ct.zeros((ROWS, BLOCK_N), dtype=ct.float32)
     w = _param(W, me, BLOCK_N)
