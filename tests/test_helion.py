@@ -697,19 +697,11 @@ def _realigned_only(monkeypatch, compiled: bool) -> list:
     them); returns the list of kernels they launch, to check that they ran. Compiled to Triton (for
     its interpreter), with 2 rows a step, or in Helion's eager mode."""
     monkeypatch.setattr(configs, "REALIGNED_N", (0, 8192))
-    ran = []
-    launch = kernels.launch
 
-    def run(kernel, config, *args):
-        ran.append(kernel.name)
-        if not compiled:
-            return launch(kernel, config, *args)
-        bound = kernel.bind(args)
-        config = {**config, "block_sizes": [2]} if kernel.name.endswith("_odd") else config
-        return bound.compile_config(configs.fit(config, bound))(*args)
+    def two_rows(kernel, config):
+        return {**config, "block_sizes": [2]} if kernel.name.endswith("_odd") else config
 
-    monkeypatch.setattr(kernels, "launch", run)
-    return ran
+    return _launched(monkeypatch, compiled, two_rows)
 
 
 @pytest.mark.parametrize("param_dtype", [None, torch.float32], ids=["params-bf16", "params-fp32"])
@@ -800,9 +792,9 @@ def _force_sync(monkeypatch, op: str) -> str:
     return choice.kernel
 
 
-def _launched(monkeypatch, compiled: bool) -> list:
+def _launched(monkeypatch, compiled: bool, adjust=None) -> list:
     """The kernels the contract functions launch from now on: in Helion's eager mode, or compiled to
-    Triton (for its interpreter)."""
+    Triton (for its interpreter), each compiled config through ``adjust(kernel, config)`` if given."""
     ran = []
     launch = kernels.launch
 
@@ -811,6 +803,7 @@ def _launched(monkeypatch, compiled: bool) -> list:
         if not compiled:
             return launch(kernel, config, *args)
         bound = kernel.bind(args)
+        config = adjust(kernel, config) if adjust else config
         return bound.compile_config(configs.fit(config, bound))(*args)
 
     monkeypatch.setattr(kernels, "launch", run)
