@@ -24,6 +24,16 @@ def resident_programs(num_warps: int, registers: int, shared: int) -> int:
     return max(1, min(by_registers, by_threads, by_shared, PROGRAMS_PER_SM))
 
 
+def exchange_groups(blocks: int, slices: int, sms: int) -> int:
+    """Row groups of a grid of groups x ``slices`` programs that wait for each other, one program per
+    SM (every sibling resident whatever the binary): as many as the SMs hold, at most one per row
+    block (of ``blocks``), at least one; 0 where a row's slices outnumber the SMs, so that no grid
+    of them may wait."""
+    if slices > sms:
+        return 0
+    return max(1, min(blocks, sms // slices))
+
+
 def held(compiled, num_warps: int) -> int:
     """``resident_programs`` of a compiled kernel (``CompiledKernel``: its ``n_regs`` once loaded)."""
     compiled._init_handles()

@@ -20,15 +20,36 @@ def spin_barriers(ptx: str) -> int | None:
         if head is None or head in seen:
             continue
         seen.add(head)
-        label = lines[head].split(":")[0]
-        back = next(
-            (
-                i
-                for i in range(head, len(lines))
-                if lines[i].strip().startswith("bra") and lines[i].rstrip().endswith(label + ";")
-            ),
-            None,
-        )
+        back = next(iter(_back_edges(lines, head, predicated=False)), None)
         if back is not None:
             count += sum("bar.sync" in line for line in lines[head:back])
     return count
+
+
+def atomic_waits(ptx: str) -> int:
+    """Loops that re-read global memory with an atomic add and post nothing (no atomic exchange in
+    them): a program waiting for other programs' posts where there is no volatile load to poll
+    with (Helion's wide-row backward). Each loop runs from a label to the last branch back to it."""
+    lines = ptx.splitlines()
+    count = 0
+    for head, line in enumerate(lines):
+        if not line.startswith("$L__BB"):
+            continue
+        back = _back_edges(lines, head)
+        if not back:
+            continue
+        body = lines[head : back[-1]]
+        if any("atom.global" in b and ".add." in b for b in body) and not any(".exch." in b for b in body):
+            count += 1
+    return count
+
+
+def _back_edges(lines: list[str], head: int, predicated: bool = True) -> list[int]:
+    """The lines after ``head`` (a label's line) that branch to its label, in order; with
+    ``predicated`` False only unconditional ones (a line that starts with ``bra``)."""
+    target = lines[head].split(":")[0] + ";"
+    return [
+        i
+        for i in range(head + 1, len(lines))
+        if (("bra" in lines[i]) if predicated else lines[i].strip().startswith("bra")) and lines[i].rstrip().endswith(target)
+    ]

@@ -991,13 +991,13 @@ def norm_bwd(dy, dres, x, weight, mean, rstd, layernorm: bool):
     dx = torch.empty((M, N), dtype=x.dtype, device=x.device)
     n_sums = int(has_weight) + int(layernorm)
     odd = hr == 0 and takes_realigned((dy, x, dres), M, N, p, t)
-    # exchanging slices (``_bwd_sync_kernel``): one program per SM, where a row's slices fit the SMs
-    sync = bool(t.sync and slices > 1 and sync_groups(M, p, sm_count(x.device)))
+    # the exchanging slices' row groups (``_bwd_sync_kernel``, one program per SM); 0: not exchanging
+    sync = sync_groups(M, p, sm_count(x.device)) if t.sync and slices > 1 else 0
     # the realigned kernel's programs each write a partial row, as the persistent groups do
     if odd:
         groups = PHASES * realigned_programs("bwd", M, p, sm_count(x.device), t)
     elif sync:
-        groups = sync_groups(M, p, sm_count(x.device))
+        groups = sync
     else:
         groups = backward_groups(M, p, sm_count(x.device), t)
     # Rows of the partials (and of the sums) padded to 16 bytes: the second of them (dbias) is a

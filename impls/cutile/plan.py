@@ -134,9 +134,9 @@ def sync_groups(m: int, p: Plan, sm_count: int) -> int:
     """Row groups of the exchanging backward (``Tuning.sync``): its slices wait for each other, so
     the whole grid must be resident at once, one program per SM; 0 where a row has more slices
     than the GPU has SMs (the first kernel's sums then)."""
-    if p.pieces > sm_count:
-        return 0
-    return max(1, min(-(-m // p.rows), sm_count // p.pieces))
+    from harness.spec.occupancy import exchange_groups
+
+    return exchange_groups(-(-m // p.rows), p.pieces, sm_count)
 
 
 def forward_programs(m: int, p: Plan, sm_count: int, tuning: Tuning | None = None) -> int:

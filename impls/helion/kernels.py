@@ -128,6 +128,8 @@ import helion.language as hl
 import torch
 from triton.runtime.errors import OutOfResources
 
+from harness.spec.occupancy import exchange_groups
+
 from .configs import (
     FUSED_ADD_ROWS,
     choose,
@@ -534,10 +536,10 @@ def _exchange_grid(config: dict, x, planes: int, sms: int):
     rows, width = config["block_sizes"]
     m, n = x.shape
     slices = -(-n // width)
-    if slices > sms:
-        return None
     blocks = -(-m // rows)
-    groups = max(1, min(blocks, sms // slices))
+    groups = exchange_groups(blocks, slices, sms)
+    if not groups:
+        return None
     slots = torch.zeros((m, slices) if planes == 1 else (m, slices, planes), dtype=torch.int64, device=x.device)
     return (config, slots, groups, *divmod(blocks, groups), SPIN_LIMIT)
 

@@ -17,7 +17,7 @@ default config and of the element-wise kernel the same rows take without it, as 
 realigned ones must have some, the element-wise ones have none (tests/test_helion.py).
 
 ``--sync`` prints, per op at a wide row length (default 24576, bf16), the exchanging backward's
-(``*_bwd_sync``) atomic exchanges and its waits (``waits``), as JSON.
+(``*_bwd_sync``) atomic exchanges and its waits (``harness.spec.ptx.atomic_waits``), as JSON.
 """
 
 from __future__ import annotations
@@ -33,6 +33,8 @@ import torch  # noqa: E402
 import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
+
+from harness.spec.ptx import atomic_waits  # noqa: E402
 
 from . import codegen, configs, kernels  # noqa: E402
 
@@ -91,24 +93,6 @@ def realigned_vectors(n: int = 4001, m: int = 64) -> dict:
     return out
 
 
-def waits(ptx: str) -> int:
-    """Loops in ``ptx`` that re-read global memory with an atomic add and post nothing (no atomic
-    exchange in them): the exchanging backward's waits for its siblings' row sums."""
-    lines = ptx.splitlines()
-    count = 0
-    for head, line in enumerate(lines):
-        if not line.startswith("$L__BB"):
-            continue
-        label = line.split(":")[0] + ";"
-        back = [i for i in range(head + 1, len(lines)) if "bra" in lines[i] and lines[i].rstrip().endswith(label)]
-        if not back:
-            continue
-        body = lines[head : back[-1]]
-        if any("atom.global" in b and ".add." in b for b in body) and not any(".exch." in b for b in body):
-            count += 1
-    return count
-
-
 # the exchanging backward's config for --sync: 2 rows a step, 4096-column slices, on 8 warps
 SYNC_SPLIT = {"block_sizes": [128, 4096, 2], "num_warps": 8}
 
@@ -122,7 +106,7 @@ def sync_builds(n: int = 24576, m: int = 64) -> dict:
         args = codegen.example_args(op, "bwd", n, "bf16", m)
         ((kernel, config, kernel_args),) = codegen.launches(op, "bwd", choice, args)
         ptx = build(kernel, config, kernel_args).asm["ptx"]
-        out[f"{op} {n}"] = [len(re.findall(r"atom\.global[.\w]*\.exch", ptx)), waits(ptx)]
+        out[f"{op} {n}"] = [len(re.findall(r"atom\.global[.\w]*\.exch", ptx)), atomic_waits(ptx)]
     return out
 
 
