@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib
 import os
+from collections.abc import Callable
 from types import SimpleNamespace
 
 from harness.spec.contract import Implementation
@@ -74,6 +75,13 @@ def load_raw(impl: Implementation, device: str):
     return raw
 
 
+def checked_functions(impl: Implementation, raw) -> dict[str, Callable]:
+    """The contract functions of ``impl``'s ops that ``raw`` defines, each behind the harness's own
+    input handling (``checked``: validation, reshaping, M = 0), by name."""
+    return {fn: checked(impl, get_op(op), direction, getattr(raw, fn)) for fn, op, direction in _functions(impl)
+            if hasattr(raw, fn)}  # fmt: skip
+
+
 def load_kernels(impl: Implementation, device: str = "cuda") -> SimpleNamespace:
     """The implementation's contract functions, validated on every call; a ValueError naming the
     reason when it cannot run on ``device`` here."""
@@ -83,6 +91,5 @@ def load_kernels(impl: Implementation, device: str = "cuda") -> SimpleNamespace:
     key = (*_key(impl), device)
     if key not in _KERNEL_CACHE:
         raw = load_raw(impl, device)
-        fns = {fn: checked(impl, get_op(op), direction, getattr(raw, fn)) for fn, op, direction in _functions(impl)}
-        _KERNEL_CACHE[key] = SimpleNamespace(**fns, raw=raw, impl=impl)
+        _KERNEL_CACHE[key] = SimpleNamespace(**checked_functions(impl, raw), raw=raw, impl=impl)
     return _KERNEL_CACHE[key]

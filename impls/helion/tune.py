@@ -136,9 +136,7 @@ def pinned_kernels(impl, choices: dict[str, Pinned]):
     and ``harness.run.bench.callables`` take. ``{}``: the pinned configs."""
     from types import SimpleNamespace
 
-    from harness.spec.contract import split_function
-    from harness.spec.ops import get_op
-    from harness.spec.validation import checked
+    from harness.spec.loading import checked_functions
 
     from . import kernels
 
@@ -153,9 +151,8 @@ def pinned_kernels(impl, choices: dict[str, Pinned]):
 
         return call
 
-    return SimpleNamespace(**{name: checked(impl, get_op(split_function(name)[0]), split_function(name)[1],
-                                            forcing(getattr(kernels, name)))
-                              for name in kernels.__all__})  # fmt: skip
+    raw = SimpleNamespace(**{name: forcing(getattr(kernels, name)) for name in kernels.__all__})
+    return SimpleNamespace(**checked_functions(impl, raw))
 
 
 # ---------------------------------------------------------------- one job per (entry point, N)

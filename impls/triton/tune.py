@@ -39,15 +39,11 @@ ELEMENT_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
 def pinned_kernels(impl, fwd_cfg: C.Config | None, bwd_cfg: C.Config | None):
     """The contract functions with explicit configs, behind the harness's own input handling
     (validation, reshaping, M = 0): what ``run_check(kernels=...)`` takes."""
-    from harness.spec.contract import split_function
-    from harness.spec.ops import get_op
-    from harness.spec.validation import checked
+    from harness.spec.loading import checked_functions
 
     from . import kernels as K
 
-    fns = K.contract(fwd_cfg, bwd_cfg)
-    return SimpleNamespace(**{name: checked(impl, get_op(split_function(name)[0]), split_function(name)[1], fn)
-                              for name, fn in vars(fns).items()})  # fmt: skip
+    return SimpleNamespace(**checked_functions(impl, K.contract(fwd_cfg, bwd_cfg)))
 
 
 # ---------------------------------------------------------------- one job per (op, direction, N)
