@@ -921,3 +921,14 @@ def test_exchanging_backward_builds_for_sm90a():
     assert proc.returncode == 0, proc.stderr[-2000:]
     built = json.loads(proc.stdout.strip().splitlines()[-1])
     assert built == {"rmsnorm 24576": [1, 1], "layernorm 24576": [2, 1], "add_rmsnorm 24576": [1, 1]}, built
+
+
+def test_sm90a_build_refuses_row_lengths_below_one(capsys):
+    """A row length of 0 or less is a usage error (exit 2, one line), not a traceback from the build."""
+    from impls.helion import sm90a_build
+
+    for mode in ("--sync", "--vectors"):
+        with pytest.raises(SystemExit) as exc:
+            sm90a_build.main([mode, "0"])
+        assert exc.value.code == 2
+        assert "row lengths must be >= 1, got 0" in capsys.readouterr().err

@@ -118,6 +118,8 @@ def main(argv=None) -> int:
     a = p.parse_args(argv)
     if a.vectors == a.sync:
         p.error("pass one of --vectors and --sync")
+    if any(n < 1 for n in a.n):
+        p.error(f"row lengths must be >= 1, got {' '.join(map(str, a.n))}")
     out = {}
     for n in a.n or [24576 if a.sync else 4001]:
         out.update(sync_builds(n) if a.sync else realigned_vectors(n))
