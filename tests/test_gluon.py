@@ -211,6 +211,127 @@ def test_spread_slices_compile_and_wait_within_a_warp(gluon_kernels):
             assert "ld.global.v4" in main.asm["ptx"], (n, layernorm, fused)
 
 
+# ------------------------------------- the wide forward: column slices exchanging their statistics
+FWD_OPS = ("rmsnorm", "layernorm", "add_rmsnorm")
+WIDE_FWD_N = (16384, 24576, 32768, 49152, 65536, 131072, 262144)
+FWD_CALLS = {
+    "rmsnorm": lambda k, x, w, b: k.rmsnorm_fwd(x, w, 1e-5),
+    "layernorm": lambda k, x, w, b: k.layernorm_fwd(x, w, b, 1e-5),
+    "add_rmsnorm": lambda k, x, w, b: k.add_rmsnorm_fwd(x, x, w, 1e-5),
+}
+
+
+def _pin_fwd_exchange(monkeypatch, n: int, elem_size: int, entry: tuple) -> None:
+    """``plan.FWD_EXCHANGE`` with ``entry`` for every op at n's bucket, as a pin or an experiment sets it."""
+    from impls.gluon import plan as P
+
+    monkeypatch.setattr(P, "FWD_EXCHANGE", {(op, elem_size, P.next_pow2(n)): entry for op in FWD_OPS})
+
+
+def _spy_launches(monkeypatch, k) -> list:
+    """(kernel, grid, args, constexprs) of every launch from here on; nothing runs or compiles."""
+    launched = []
+
+    def record(kernel, grid, args, constexprs, warps):
+        launched.append((kernel, grid, args, constexprs))
+
+    monkeypatch.setattr(k, "_launch", record)
+    return launched
+
+
+def test_the_forward_keeps_one_program_a_row_until_an_entry_pins_the_exchange(monkeypatch):
+    """Today's plan has no ``FWD_EXCHANGE`` entry: every op's forward of wide rows, 16- and 32-bit,
+    launches ``_fwd_kernel`` (whole row or chunked), as before the exchanging slices existed."""
+    from impls.gluon import kernels as k
+    from impls.gluon import plan as P
+
+    assert P.FWD_EXCHANGE == {}
+    launched = _spy_launches(monkeypatch, k)
+    monkeypatch.setattr(k, "sm_count", lambda device: 132)
+    for n in WIDE_FWD_N:
+        for dtype in (torch.bfloat16, torch.float32):
+            x = torch.empty(1, n, dtype=dtype).expand(4, n)  # nothing runs: no memory
+            w = torch.empty(n, dtype=dtype)
+            for op, call in FWD_CALLS.items():
+                assert P.fwd_exchange_plan(op, n, x.element_size()) is None
+                launched.clear()
+                with k.compile_only():
+                    call(k, x, w, w)
+                assert [kern for kern, *_ in launched] == [k._fwd_kernel], (op, n, dtype)
+                assert launched[0][3]["CHUNKED"] == P.plan("fwd", n, x.element_size()).wide
+
+
+def test_fwd_exchange_plan_reads_its_entry():
+    """An entry's slice tile (a warp's lanes along N in 16-byte vectors, its warps along N, its rows
+    within each thread), the slices and programs per SM; none for rows off 16-byte vectors or with
+    more slices than a warp holds slots; a malformed entry raises."""
+    from impls.gluon import plan as P
+
+    before = P.FWD_EXCHANGE
+    try:
+        P.FWD_EXCHANGE = {("layernorm", 2, 32768): (4096, 4, 2, 2), ("rmsnorm", 4, 262144): (4096, 8, 1, 1)}
+        p = P.fwd_exchange_plan("layernorm", 24576, 2)
+        t = p.tile
+        assert (t.width, t.vec, t.threads, t.warps, t.rows, p.pieces, p.per_sm, p.exchange) == (
+            4096, 8, (1, 32), (1, 4), 2, 6, 2, True
+        )  # fmt: skip
+        assert P.fwd_exchange_plan("layernorm", 20001, 2) is None  # no 16-byte vectors
+        assert P.fwd_exchange_plan("rmsnorm", 24576, 2) is None  # no entry for this op
+        assert P.fwd_exchange_plan("layernorm", 24576, 4) is None  # nor for fp32 rows
+        assert P.fwd_exchange_plan("rmsnorm", 262144, 4).pieces == 64  # 64 slots of 128 a warp holds
+        P.FWD_EXCHANGE = {("rmsnorm", 4, 262144): (1024, 8, 1, 1)}
+        assert P.fwd_exchange_plan("rmsnorm", 262144, 4) is None  # 256 slices: more slots than a warp holds
+        for bad in ((3072, 4, 1, 1), (1024, 8, 1, 1), (4096, 4, 0, 1)):
+            P.FWD_EXCHANGE = {("rmsnorm", 2, 32768): bad}
+            with pytest.raises(ValueError, match="FWD_EXCHANGE entry"):
+                P.fwd_exchange_plan("rmsnorm", 32768, 2)
+    finally:
+        P.FWD_EXCHANGE = before
+
+
+@pytest.mark.parametrize("entry", [(8192, 8, 1, 1), (4096, 4, 1, 2), (4096, 8, 2, 2)])
+@pytest.mark.parametrize("held", [1, 3])
+def test_exchanging_forward_grid_keeps_every_sibling_resident(monkeypatch, entry, held):
+    """Pinned, the forward launches G row groups x S slices: G from ``exchange_groups`` over the SMs
+    times the programs each holds (the entry's, no more than the binary allows), so that every
+    sibling is resident; its slots zeroed int64, one plane per posted statistic. Where the slices
+    outnumber those programs the old forward runs."""
+    from harness.spec.occupancy import exchange_groups
+    from impls.gluon import kernels as k
+    from impls.gluon import plan as P
+
+    launched = _spy_launches(monkeypatch, k)
+    monkeypatch.setattr(k, "sm_count", lambda device: 132)
+    monkeypatch.setattr(k, "_resident", lambda *args: held)
+    for n in (24576, 65536):
+        _pin_fwd_exchange(monkeypatch, n, 2, entry)
+        x = torch.empty(1, n, dtype=torch.bfloat16).expand(512, n)
+        w = torch.empty(n, dtype=torch.bfloat16)
+        for op, call in FWD_CALLS.items():
+            p = P.fwd_exchange_plan(op, n, 2)
+            launched.clear()
+            with k.compile_only():
+                call(k, x, w, w)
+            ((kernel, (grid,), args, constexprs),) = launched
+            assert kernel is k._fwd_sliced_kernel, (op, n)
+            per_sm = min(entry[3], held)
+            groups = exchange_groups(-(-512 // entry[2]), p.pieces, per_sm * 132)
+            assert grid == groups * p.pieces and 0 < grid <= per_sm * 132, (op, n, grid)
+            assert args["SLICES"] == p.pieces == -(-n // entry[0]) and constexprs["ROWS"] == entry[2]
+            assert constexprs["SLOTS"] >= p.pieces and constexprs["BLOCK_N"] == entry[0]
+            for plane in ("SUMS", "M2S"):
+                assert args[plane].dtype == torch.int64 and args[plane].shape == (512, p.pieces)
+                assert not args[plane].any()
+            assert (args["SUMS"].data_ptr() != args["M2S"].data_ptr()) == (op == "layernorm")
+    # 256 slices of 256 columns: more than 132 SMs hold at once -> the one-program-a-row forward
+    _pin_fwd_exchange(monkeypatch, 65536, 2, (256, 1, 1, 1))
+    x = torch.empty(1, 65536, dtype=torch.bfloat16).expand(512, 65536)
+    launched.clear()
+    with k.compile_only():
+        k.rmsnorm_fwd(x, None, 1e-5)
+    assert [kern for kern, *_ in launched] == [k._fwd_kernel]
+
+
 def test_plan_rejects_bad_arguments():
     from impls.gluon.plan import plan, tile
 
@@ -682,3 +803,118 @@ def test_realigned_kernels_move_16_byte_vectors(gluon_kernels, monkeypatch, n, d
             assert main.metadata.name == want, (op, direction, rule, [c.metadata.name for c in compiled])
             vectors = _vector_accesses(main.asm["ptx"])
             assert (vectors > 0) == (rule == "realigned"), (op, direction, rule, vectors)
+
+
+# ------------------------------- the wide forward's exchanging slices: compiled, and against fp64
+@pytest.mark.slow
+def test_exchanging_forward_compiles_with_one_post_per_statistic_and_a_barrier_free_wait(gluon_kernels, monkeypatch):
+    """Pinned (8192-column slices on 8 warps), every op's forward compiles for sm_90a (bf16 rows with
+    fp32 weights, fp32 rows) to the slice kernel alone: one atomic exchange per posted statistic
+    (LayerNorm two), volatile re-reads of the slots in wait loops without a barrier, 128-bit loads;
+    its 24 and 32 slices of 16-bit rows share a binary (the slot tile is 32 wide)."""
+    from harness.spec.ptx import spin_barriers
+
+    k = gluon_kernels
+    monkeypatch.setattr(k, "SM_COUNT_WITHOUT_GPU", 132)  # as on an H100: the grid holds 32 slices
+    for n, dtype in ((262144, torch.bfloat16), (196608, torch.bfloat16), (49152, torch.float32)):
+        _pin_fwd_exchange(monkeypatch, n, torch.empty(0, dtype=dtype).element_size(), (8192, 8, 1, 1))
+        x = torch.randn(2, n).to(dtype)
+        w, b = torch.randn(n), torch.randn(n)
+        for op, call in FWD_CALLS.items():
+            with k.compile_only() as compiled:
+                call(k, x, w, b)
+            assert [c.metadata.name for c in compiled] == ["_fwd_sliced_kernel"], (op, n)
+            main = compiled[0]
+            ptx = main.asm["ptx"]
+            assert main.metadata.num_warps == 8
+            posts = len(re.findall(r"atom\.global[.\w]*\.exch\.b64", ptx))
+            assert posts == (2 if op == "layernorm" else 1), (op, n, posts)
+            assert "ld.volatile.global.b64" in ptx and spin_barriers(ptx) == 0, (op, n)
+            assert "ld.global.v4" in ptx and "st.global.v4" in ptx, (op, n)
+
+
+def _fwd_exchange_on_the_cpu(monkeypatch, n: int, elem_size: int, entry: tuple) -> list:
+    """Pin ``entry`` at n's bucket, size the CPU run's grid for 8 SMs (two row groups of 4 slices),
+    and return the launched kernels' names as they run."""
+    from impls.gluon import kernels
+
+    _pin_fwd_exchange(monkeypatch, n, elem_size, entry)
+    monkeypatch.setattr(kernels, "SM_COUNT_WITHOUT_GPU", 8)
+    return _launched(monkeypatch)
+
+
+# 4 slices of 512 columns, the last of 464; 9 rows over two row groups (one walks 5 blocks, the
+# other 4); and 5 tokens x 3 of 7 heads read in place
+FWD_EXCHANGE_N = 2000
+FWD_EXCHANGE_SHAPES = (Shape((9, FWD_EXCHANGE_N)), Shape((5, 3, FWD_EXCHANGE_N), "head-slice-7"))
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp16", "fp32"])
+def test_exchanging_forward_against_fp64(contract, monkeypatch, dtype):
+    """Every op's forward on the exchanging slices (one row a block and two), against fp64 through
+    the harness's check (outputs poisoned): weights in x's dtype, in fp32 and none; per-head views;
+    the fused add's h bit for bit (``add_rmsnorm_failures``). On the CPU the layout-erased kernel
+    runs twice, the second run finding every sibling's post (``_fwd_exchange``)."""
+    from harness.run.checker import run_check
+
+    impl, k = contract
+    elem_size = DTYPES[dtype].itemsize
+    bad = []
+    for entry in ((512, 2, 1, 1), (512, 2, 2, 1)) if dtype == "bf16" else ((512, 2, 1, 1),):
+        launched = _fwd_exchange_on_the_cpu(monkeypatch, FWD_EXCHANGE_N, elem_size, entry)
+        for shape in FWD_EXCHANGE_SHAPES if dtype == "bf16" else FWD_EXCHANGE_SHAPES[:1]:
+            for op in ("rmsnorm", "layernorm"):
+                variants = ((True, "same"), (False, "same")) + (((True, "fp32"),) if dtype != "fp32" else ())
+                for affine, weights in variants if shape.layout == "contiguous" else variants[:1]:
+                    launched.clear()
+                    r = run_check(impl, op, "fwd", shape, dtype, DEVICE, affine=affine, weights=weights, kernels=k)
+                    if not r.passed:
+                        bad.append(f"{entry} {op} {shape.label} {weights}, {affine}: {r.status} {r.summary()}")
+                    where = (entry, op, shape.label, affine, weights, r.status)
+                    assert "_fwd_sliced_kernel" in launched and "_fwd_kernel" not in launched, (where, launched)
+            for param_dtype in ("x", "fp32") if dtype != "fp32" else ("x",):
+                launched.clear()
+                failures = add_rmsnorm_failures(k, shape, dtype, param_dtype, DEVICE)
+                bad += [f"{entry} add_rmsnorm {shape.label} weights {param_dtype}: {f}" for f in failures]
+                assert "_fwd_sliced_kernel" in launched, launched
+    assert not bad, "\n".join(bad)
+
+
+@pytest.mark.parametrize("op", ["rmsnorm", "layernorm"])
+def test_exchanging_forward_gives_nan_where_the_statistics_overflow(contract, monkeypatch, op):
+    """bf16 rows near 1e30 (x^2 overflows fp32) through the exchanging slices: NaN in that row's y
+    and, through its rstd, dx; the rows beside finite."""
+    _, k = contract
+    launched = _fwd_exchange_on_the_cpu(monkeypatch, FWD_EXCHANGE_N, 2, (512, 2, 1, 1))
+    assert_overflowed_rows_are_nan(k, op, FWD_EXCHANGE_N, DEVICE)
+    assert "_fwd_sliced_kernel" in launched
+
+
+@pytest.mark.skipif(HAS_CUDA, reason="the programs' order is the CPU interpreter's")
+@pytest.mark.parametrize("op", ["rmsnorm", "layernorm"])
+def test_a_sibling_that_never_posts_gives_nan_not_a_hang(contract, monkeypatch, op):
+    """The interpreter runs the programs one after another; its first run alone (no re-reads) is a
+    sibling that never posted for the earlier slices: their columns of y, and the statistics the
+    first slice stores, come back NaN, while the last slice, which found every post, is right."""
+    from impls.gluon import kernels
+
+    _, k = contract
+    _fwd_exchange_on_the_cpu(monkeypatch, FWD_EXCHANGE_N, 2, (512, 2, 1, 1))
+    runs, launch = [], kernels._launch
+
+    def first_run_only(kernel, grid, args, constexprs, warps):
+        runs.append(args["SPIN"])
+        if len(runs) == 1:
+            launch(kernel, grid, args, constexprs, warps)
+
+    monkeypatch.setattr(kernels, "_launch", first_run_only)
+    case = make_case(op, Shape((9, FWD_EXCHANGE_N)), torch.bfloat16, DEVICE, seed=6)
+    args = (case["x"], case["weight"], *((case["bias"],) if op == "layernorm" else ()), case["eps"])
+    with poisoned_allocations():
+        out = getattr(k, f"{op}_fwd")(*args)
+    ref = getattr(reference, f"{op}_fwd")(*args)
+    assert runs == [0, 0]
+    y, rstd = out[0], out[-1]
+    assert torch.isnan(y[:, :512]).all() and torch.isnan(rstd).all()
+    last = slice(3 * 512, FWD_EXCHANGE_N)
+    assert compare("y", y[:, last], ref[0][:, last], torch.bfloat16, y[:, last].shape).passed

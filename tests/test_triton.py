@@ -120,7 +120,8 @@ def test_pinned_table_is_well_formed():
                 assert int(b) >= 1, f"{gpu} {key}: {b} is not an N"
                 assert cfg.chunk == 0 or C.bucket(cfg.chunk) == cfg.chunk, f"{gpu} {key} {b}: chunk"
                 assert cfg.slice == 0 or C.bucket(cfg.slice) == cfg.slice, f"{gpu} {key} {b}: slice"
-                assert not (cfg.slice or cfg.row_sums) or direction == "bwd", f"{gpu} {key} {b}: slices are bwd only"
+                assert not cfg.row_sums or direction == "bwd", f"{gpu} {key} {b}: row sums are bwd only"
+                assert not cfg.slice or direction == "bwd" or cfg.sync, f"{gpu} {key} {b}: forward slices exchange"
                 assert cfg.rows >= 1 and cfg.rows & (cfg.rows - 1) == 0, f"{gpu} {key} {b}: rows must be a power of two"
                 assert cfg.warps in (1, 2, 4, 8, 16, 32) and cfg.programs_per_sm >= 1
                 assert cfg.ahead in (1, 2) and (cfg.ahead == 1 or cfg.slice), f"{gpu} {key} {b}: ahead"
@@ -162,6 +163,67 @@ def test_pinned_exchanging_backwards_fit_the_programs_per_sm_they_ask_for():
     held = _sm90a_build("--residency")
     assert held, "no pinned exchanging config asks for several programs per SM"
     assert all(h >= wanted for h, wanted in held.values()), held
+
+
+def test_exchanging_forward_builds_post_and_wait_within_each_warp():
+    """The exchanging forward's candidates (``configs.FWD_EXCHANGE``), built for sm_90a at
+    N = 262144 (32 slices: 32 slots, one warp's worth) and one at N = 20000 (3 slices, the last
+    short): one atomic exchange per posted value (LayerNorm posts two), a volatile poll per wait,
+    no barrier inside a wait loop (``kernels._await_slots``), no spill, and 16-byte loads."""
+    code = """
+import json, re
+from harness.spec.ptx import spin_barriers
+from impls.triton import configs as C, sm90a_build as B
+out = {}
+for op in ("rmsnorm", "layernorm", "add_rmsnorm"):
+    for i, cfg in enumerate(C.FWD_EXCHANGE):
+        for n in (262144, 20000) if i == 0 else (262144,):
+            k = B.build_config(op, "fwd", n, cfg)
+            ptx = k.asm["ptx"]
+            out[f"{op} {n} {i}"] = dict(exch=len(re.findall(r"atom[.\\w]*\\.exch", ptx)), polls=ptx.count("ld.volatile.global"),
+                                        barriers=spin_barriers(ptx), stack=B.resources(k)[1],
+                                        v4=len(re.findall(r"ld\\.global[.\\w]*\\.v4", ptx)))
+print(json.dumps(out))
+"""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    proc = subprocess.run([sys.executable, "-c", code], env=env, check=False, capture_output=True, text=True,
+                          timeout=600)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    built = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert len(built) == 3 * (len(C.FWD_EXCHANGE) + 1)
+    for key, b in built.items():
+        posts = 2 if key.startswith("layernorm") else 1
+        assert b["exch"] == posts and b["polls"] >= posts, (key, b)
+        assert b["barriers"] == 0 and b["stack"] == 0 and b["v4"] > 0, (key, b)
+
+
+def test_exchanging_forward_grid_keeps_every_sibling_resident():
+    """One program per SM: groups x slices programs, no more than the SMs, every row block in some
+    group; none (the chunked forward instead) where the slices outnumber the SMs or a block's slots
+    pass one warp's 32."""
+    from impls.triton import kernels as K
+
+    cfg = C.FWD_EXCHANGE[0]
+    for n, m in itertools.product((8192, 16384, 20000, 24576, 49152, 131072, 262144), (1, 7, 512, 8192)):
+        groups, slices = K.exchange_grid(cfg, m, n, 132)
+        assert slices == -(-n // cfg.slice) and 1 <= groups <= m
+        assert groups == min(m, 132 // slices) and groups * slices <= 132  # as many groups as the SMs hold
+    assert K.exchange_grid(cfg, 512, 262144, 132) == (4, 32)
+    assert K.exchange_grid(cfg, 512, 262144, 16) == (0, 32)  # 32 slices, 16 SMs
+    assert K.exchange_grid(replace(cfg, rows=2), 512, 262144, 132) == (0, 32)  # 64 slots
+    assert K.exchange_grid(replace(cfg, rows=2), 512, 131072, 132) == (8, 16)
+
+
+def test_no_table_pins_the_exchanging_forward_yet():
+    """Today's forward everywhere until the exchange is measured: no table entry, heuristic or
+    search candidate of the forward exchanges (an entry with ``sync`` and ``slice`` would)."""
+    for gpu, n, op in itertools.product(C.pinned_table(), (16384, 24576, 32768, 49152, 65536, 131072, 262144),
+                                        ("rmsnorm", "layernorm", "add_rmsnorm")):  # fmt: skip
+        assert not C.lookup(gpu, op, "fwd", n).sync, (gpu, op, n)
+    for n in (16384, 65536, 262144):
+        assert not C.heuristic("fwd", n).sync and not any(c.sync for c in C.candidates("fwd", n))
+    entry = json.loads('{"rows": 1, "warps": 8, "slice": 8192, "sync": true}')  # as a table would pin it
+    assert C.Config(**entry) == C.FWD_EXCHANGE[0]
 
 
 def test_pinned_realigned_configs_move_whole_vectors():
@@ -445,6 +507,90 @@ def test_rows_whose_statistics_overflow_give_nan(path, dtype):
     assert torch.isfinite(h).all()
     assert_only_huge_row_nonfinite(y, "add_rmsnorm y")
     assert_only_huge_row_nonfinite(kernels.add_rmsnorm_bwd(dy, dy, h, w, rstd)[0], "add_rmsnorm dh")
+
+
+# The exchanging forward on the interpreter: 4 slices of 256 columns (the last 233 wide) of
+# (11, 1001) rows, 2 rows a block, 4 row groups of uneven ranges; 5 slices of 32 columns (the last
+# 2 wide) of per-head views, two blocks loaded ahead.
+EXCHANGE_FWD = C.Config(rows=2, warps=4, slice=256, sync=True)
+EXCHANGE_FWD_NARROW = C.Config(rows=2, warps=4, slice=32, sync=True, ahead=2)
+
+
+def _exchange_on_the_interpreter(monkeypatch, sms=16):
+    """``launch_fwd`` running the exchanging kernel itself where the interpreter would fall back:
+    twice on the same slots, its programs running one after another. The first launch posts
+    every slice (a program's waits run out on the siblings that start after it, a bound of one
+    re-read); the second finds every slot posted and writes every output again. Both post the same
+    bits, so the second computes what a GPU launch, whose siblings run together, does."""
+    from impls.triton import kernels as K
+
+    def launch(cfg, x, weight, bias, eps, layernorm, y, mean, rstd, residual=None, residual_out=None):
+        m, n, _ = K.row_shape(x)
+        groups, slices = K.exchange_grid(cfg, m, n, sms)
+        assert cfg.sync and groups, (cfg, m, n)
+        stats = torch.zeros((1 + int(layernorm), m, slices), dtype=torch.int64, device=x.device)
+        for _ in range(2):
+            compiled = K.launch_fwd_exchange(cfg, x, weight, bias, eps, layernorm, y, mean, rstd, residual,
+                                             residual_out, groups, stats, 1)  # fmt: skip
+        return compiled
+
+    monkeypatch.setattr(K, "launch_fwd", launch)
+
+
+@pytest.mark.skipif(DEVICE != "cpu", reason="the interpreter's sequential programs")
+@pytest.mark.parametrize("op", ["rmsnorm", "layernorm", "add_rmsnorm"])
+def test_exchanging_forward_against_the_reference(op, monkeypatch):
+    wide = _kernels(EXCHANGE_FWD, SLICED_BWD)
+    narrow = _kernels(EXCHANGE_FWD_NARROW, SLICED_BWD)
+    _exchange_on_the_interpreter(monkeypatch)
+    points = [(wide, Shape((11, 1001)), "bf16", True), (wide, Shape((11, 1001)), "fp32", True),
+              (wide, Shape((11, 1001)), "bf16", False), (narrow, SHAPES[2], "bf16", True)]  # fmt: skip
+    for kernels, shape, dtype, affine in points:
+        r = run_check(IMPL, op, "fwd", shape, dtype, DEVICE, affine=affine, kernels=kernels)
+        assert r.passed, f"{shape.label} {dtype} affine={affine}: {r.status} {r.summary()}\n{r.traceback}"
+    # fp32 parameters beside 16-bit rows (the fused add: fp16 rows), strided rows
+    bad = check(wide, op, "fwd", MIXED_SHAPE, "fp16" if op == "add_rmsnorm" else "bf16", "fp32")
+    assert not bad, "; ".join(f"{r.name}: {r.reason}" for r in bad)
+
+
+@pytest.mark.skipif(DEVICE != "cpu", reason="the interpreter's sequential programs")
+def test_exchanging_forward_gives_nan_not_a_hang_where_a_sibling_never_posts():
+    """One launch on the interpreter: each program waits out its bound on the siblings that start
+    after it, so every slice but the last gets NaN rows (statistics included: slice 0 stores them),
+    and the last slice, which finds every post, gets the same bits as with all posted."""
+    from impls.triton import kernels as K
+
+    g = torch.Generator().manual_seed(11)
+    m, n = 9, 1001
+    x = torch.randn(m, n, generator=g).to(torch.bfloat16)
+    w, b = (torch.randn(n, generator=g).to(torch.bfloat16) for _ in range(2))
+    groups, slices = K.exchange_grid(EXCHANGE_FWD, m, n, 16)
+    assert slices == 4 and groups > 1
+    outs = []
+    for launches in (1, 2):
+        y = torch.full((m, n), float("nan"), dtype=torch.bfloat16)
+        mean, rstd = torch.full((m,), float("nan")), torch.full((m,), float("nan"))
+        stats = torch.zeros((2, m, slices), dtype=torch.int64)
+        for _ in range(launches):
+            K.launch_fwd_exchange(EXCHANGE_FWD, x, w, b, 1e-5, True, y, mean, rstd, None, None, groups, stats, 1)
+        outs.append((y, mean, rstd))
+    (y1, mean1, rstd1), (y2, _, _) = outs
+    last = 3 * EXCHANGE_FWD.slice
+    assert torch.isnan(y1[:, :last].float()).all() and torch.isnan(rstd1).all() and torch.isnan(mean1).all()
+    assert torch.isfinite(y2.float()).all() and torch.equal(y1[:, last:], y2[:, last:])
+    assert (stats >> 32 == 1).all()  # every slot posted
+
+
+@pytest.mark.skipif(DEVICE != "cpu", reason="the interpreter's fallback")
+def test_exchanging_forward_falls_back_to_the_chunked_one_where_siblings_cannot_wait(monkeypatch):
+    """On the interpreter (and wherever ``exchange_grid`` gives no groups) a ``sync`` forward config
+    runs the chunked forward, in chunks of the slice's width."""
+    from impls.triton import kernels as K
+
+    kernels = _kernels(EXCHANGE_FWD, SLICED_BWD)
+    monkeypatch.setattr(K, "launch_fwd_exchange", lambda *a, **k: pytest.fail("exchanging kernel launched"))
+    r = run_check(IMPL, "layernorm", "fwd", Shape((11, 1001)), "bf16", DEVICE, kernels=kernels)
+    assert r.passed, f"{r.status} {r.summary()}\n{r.traceback}"
 
 
 def test_chunked_layernorm_variance_of_an_offset_row():

@@ -43,8 +43,13 @@ class _ErasedGluon:
         if name in ("arange", "zeros", "full"):
             return lambda *args, layout=None, **kwargs: getattr(tl, name)(*args, **kwargs)
         if name == "reduce":
-            # the kernels reduce only with their ``_add``: the interpreter's numpy sum
-            return lambda x, axis, combine_fn: tl.reduce(x, axis, tl.standard._sum_combine)
+            # the kernels reduce with their ``_add`` or ``_min`` (the exchanges' waits): the
+            # interpreter's numpy sum or min
+            def reduce(x, axis, combine_fn):
+                combine = tl.standard._elementwise_min if combine_fn.__name__ == "_min" else tl.standard._sum_combine
+                return tl.reduce(x, axis, combine)
+
+            return reduce
         return getattr(tl, name)
 
 

@@ -44,6 +44,22 @@ Design decisions:
   starts on what the first pass read last (still in L2). LayerNorm's chunked statistics merge
   per-chunk (mean, sum of squared deviations) pairs (Chan et al.), never E[x^2] - E[x]^2.
   add + RMSNorm's second pass reads the h it stored (from L2) instead of x and the residual.
+* Forward of wide rows, as an option (``plan.FWD_EXCHANGE``, empty until a GPU measurement pins
+  entries per op and row bucket): the chunked forward reads each row twice, and with a row in flight
+  per SM, rows of 256 KB and more no longer fit the L2 between the passes. ``_fwd_sliced_kernel``
+  cuts the row into column slices, one program each, which read their slice once into registers
+  and exchange partial statistics as the wide backward's slices exchange their row sums (the same
+  ``_publish`` / ``_await_slots``): per row block each posts an fp32 value per statistic (int64 slot:
+  the bits and a "posted" bit, one atomic exchange), RMSNorm its sum of squares, LayerNorm its sum
+  and its sum of squared deviations from its own mean, and waits for its siblings' with the next
+  block's slice already loading. The slots are added in slice order, so every sibling gets the same
+  bits whatever the timing; LayerNorm's merge is Chan et al.'s (M2 = sum of the slices' M2 + sum of
+  n_s (mean_s - mean)^2), never E[x^2] - E[x]^2. The wait is bounded (NaN statistics, not a hang,
+  where a sibling never posts) and barrier-free (the [rows, slots] tile lies within one warp). All
+  siblings must be resident: G row groups x S slices with G from ``exchange_groups`` over the SMs
+  times the programs each may hold (no more than the binary allows); where the slices outnumber
+  them, or no entry exists, the one-program-a-row forward runs. It reads what that forward reads:
+  fp32 weights beside 16-bit x, no weight or bias, (T, NH, N) views.
 * Backward: persistent, each program walking a contiguous range of row blocks (the next block's
   loads, its rows' statistics too, issued before this block's math) and accumulating dw / db over
   them in fp32 registers; LayerNorm moves two rows a program on 8-warp tiles (``plan.py``);
@@ -97,9 +113,9 @@ from triton.experimental.gluon import language as gl
 
 from harness.spec.contract import contract_functions
 from harness.spec.jit_launch import launch_named
-from harness.spec.occupancy import held
+from harness.spec.occupancy import exchange_groups, held
 
-from .plan import Plan, Realigned, Tile, next_pow2, plan, programs_per_sm, realigned_plan, tile
+from .plan import Plan, Realigned, Tile, fwd_exchange_plan, next_pow2, plan, programs_per_sm, realigned_plan, tile
 
 
 # ========================================================================== device functions
@@ -484,14 +500,13 @@ def _publish(SLOT, value, row_mask):
 
 
 @gluon.jit
-def _await_sums(slots, mask, spin):
-    """The rows' sums over every slice, once all have posted (``slots``: [rows, slices] pointers):
-    re-read (volatile: from L2) until every slot carries its flag, then added in slice order, the
-    same bits in every sibling. The slots lie within one warp in the sliced tiles' layout, so every
-    warp waits on its own copy, which once complete is final (a slot only goes from empty to
-    posted); spread over warps, the exit test would be a reduction across copies read at different
-    moments. Bounded (``spin`` re-reads, 0 once run out): a sibling that never posts gives NaN sums,
-    a visibly wrong dx, not a hang."""
+def _await_slots(slots, mask, spin):
+    """The posted values of ``slots`` ([rows, slices] pointers; 0 outside ``mask``), once all have
+    posted: re-read (volatile: from L2) until every slot carries its flag. The slots lie within one
+    warp in the sliced tiles' layout, so every warp waits on its own copy, which once complete is
+    final (a slot only goes from empty to posted); spread over warps, the exit test would be a
+    reduction across copies read at different moments. Bounded (``spin`` re-reads, 0 once run
+    out): a sibling that never posts gives NaN values, a visibly wrong result, not a hang."""
     v = gl.load(slots, mask=mask, other=4294967296, volatile=True)
     tries = 0
     while (gl.reduce(gl.reduce(v >> 32, 1, _min), 0, _min) == 0) & (tries < spin):
@@ -499,7 +514,15 @@ def _await_sums(slots, mask, spin):
         tries += 1
     posted = gl.reduce(gl.reduce(v >> 32, 1, _min), 0, _min) != 0
     value = gl.where((v >> 32) == 0, float("nan"), v.to(gl.int32).to(gl.float32, bitcast=True))
-    return _sum(value, axis=1), gl.where(posted, spin, 0)
+    return value, gl.where(posted, spin, 0)
+
+
+@gluon.jit
+def _await_sums(slots, mask, spin):
+    """The rows' sums over every slice, once all have posted (``_await_slots``), added in slice
+    order: the same bits in every sibling."""
+    value, spin = _await_slots(slots, mask, spin)
+    return _sum(value, axis=1), spin
 
 
 @gluon.jit(do_not_specialize=["M"])
@@ -690,6 +713,100 @@ def _sum_partials_kernel(PARTIALS, OUT, P, P_STRIDE, N, BLOCK_P: gl.constexpr, B
     gl.store(OUT + k * N + cols, _sum(acc, axis=0).to(OUT.dtype.element_ty), mask=cols < N)
 
 
+# ======================================================= forward of wide rows: exchanging slices
+@gluon.jit(do_not_specialize=["M", "eps", "SLICES", "SPIN"])
+def _fwd_sliced_kernel(
+    X, R, W, B, Y, H, MEAN, RSTD, SUMS, M2S,
+    M, N, NH, stride_x, hstride_x, stride_r, hstride_r, stride_y, stride_h, eps, SLICES, SPIN,
+    LAYERNORM: gl.constexpr, HAS_WEIGHT: gl.constexpr, HAS_BIAS: gl.constexpr, HAS_RESIDUAL: gl.constexpr,
+    ROWS: gl.constexpr, BLOCK_N: gl.constexpr, SLOTS: gl.constexpr, HEADS: gl.constexpr, layout: gl.constexpr,
+):  # fmt: skip
+    """Program (group, slice) owns columns [slice * BLOCK_N, +BLOCK_N) of its group's contiguous
+    range of row blocks and reads them once. Per block it posts its slice's partial statistics to
+    SUMS (and M2S; (M, SLICES) int64 slots, zeroed by the launcher): RMSNorm the sum of squares,
+    LayerNorm the sum and the sum of squared deviations from the slice's own mean; waits for its
+    siblings' with the next block's loads in flight; merges them in slice order (LayerNorm: Chan et
+    al.), the same bits in every sibling; and writes its slice of y (and of h). SLOTS: the slot
+    tile's width, a power of two >= SLICES. x and the residual may be (T, NH, N) views (HEADS); y
+    and h are (M, N). The launcher keeps every sibling resident."""
+    row_layout: gl.constexpr = gl.SliceLayout(1, layout)
+    col_layout: gl.constexpr = gl.SliceLayout(0, layout)
+    me = gl.program_id(0) % SLICES
+    group = gl.program_id(0) // SLICES
+    first, last = _row_block_range(M, ROWS, group, gl.num_programs(0) // SLICES)
+    cols = me * BLOCK_N + gl.arange(0, BLOCK_N, layout=col_layout)
+    col_mask = cols < N
+    # the slice's weight and bias once per program, in their storage dtype (half the registers of
+    # fp32 for 16-bit weights), upcast at each use
+    if HAS_WEIGHT:
+        w = gl.expand_dims(gl.load(W + cols, mask=col_mask, other=0.0), 0)
+    if HAS_BIAS:
+        b = gl.expand_dims(gl.load(B + cols, mask=col_mask, other=0.0), 0)
+    # the slots' columns, and each slice's valid columns (the last slice may be partial; none past it)
+    k = gl.arange(0, SLOTS, layout=col_layout)
+    counts = gl.expand_dims(gl.minimum(gl.maximum(N - k * BLOCK_N, 0), BLOCK_N).to(gl.float32), 0)
+    own_count = gl.minimum(N - me * BLOCK_N, BLOCK_N).to(gl.float32)
+    end = gl.minimum(M, last * ROWS)  # rows from here on are the next group's
+    # every sibling holds the same statistics: the first slice stores them
+    stats_end = gl.where(me == 0, end, 0)
+    spin = SPIN
+    rows = first * ROWS + gl.arange(0, ROWS, layout=row_layout)
+    mask = gl.expand_dims(rows < end, 1) & gl.expand_dims(col_mask, 0)
+    x_next = gl.load(X + _at(_starts(rows, stride_x, hstride_x, NH, HEADS), cols), mask=mask, other=0.0)
+    if HAS_RESIDUAL:
+        r_next = gl.load(R + _at(_starts(rows, stride_r, hstride_r, NH, HEADS), cols), mask=mask, other=0.0)
+    for block in range(first, last):
+        row_mask = rows < end
+        mask = gl.expand_dims(row_mask, 1) & gl.expand_dims(col_mask, 0)
+        x = x_next
+        if HAS_RESIDUAL:
+            r = r_next
+        # the next block's slice goes out before this block's exchange: the wait overlaps its loads,
+        # which wait in registers in their storage dtype
+        ahead = rows + ROWS
+        ahead_mask = gl.expand_dims(ahead < end, 1) & gl.expand_dims(col_mask, 0)
+        x_next = gl.load(X + _at(_starts(ahead, stride_x, hstride_x, NH, HEADS), cols), mask=ahead_mask, other=0.0)
+        if HAS_RESIDUAL:
+            r_next = gl.load(R + _at(_starts(ahead, stride_r, hstride_r, NH, HEADS), cols), mask=ahead_mask, other=0.0)
+        if HAS_RESIDUAL:  # h rounded once to x's dtype and stored, as ``_load_row`` does
+            x = (x.to(gl.float32) + r.to(gl.float32)).to(X.dtype.element_ty)
+            gl.store(H + _at(rows.to(gl.int64) * stride_h, cols), x, mask=mask)
+        x = x.to(gl.float32)
+
+        first_slot = rows.to(gl.int64) * SLICES
+        slots = gl.expand_dims(first_slot, 1) + gl.expand_dims(k, 0)
+        slots_mask = gl.expand_dims(row_mask, 1) & gl.expand_dims(k < SLICES, 0)
+        if LAYERNORM:
+            part = _sum(x, axis=1)
+            dev = gl.where(mask, x - gl.expand_dims(part / own_count, 1), 0.0)
+            _publish(SUMS + first_slot + me, part, row_mask)
+            _publish(M2S + first_slot + me, _sum(dev * dev, axis=1), row_mask)
+            sums, spin = _await_slots(SUMS + slots, slots_mask, spin)
+            m2s, spin = _await_slots(M2S + slots, slots_mask, spin)
+            mean = _sum(sums, axis=1) / N
+            # Chan et al.: M2 = sum of the slices' M2 + sum of n_s (mean_s - mean)^2, never
+            # E[x^2] - E[x]^2 (cancels badly); slots past the last slice count 0 columns
+            spread = gl.where(counts > 0, sums / gl.maximum(counts, 1.0), 0.0) - gl.expand_dims(mean, 1)
+            m2 = _sum(m2s, axis=1) + _sum(gl.where(counts > 0, counts * spread * spread, 0.0), axis=1)
+            x = x - gl.expand_dims(mean, 1)
+            rstd = _rstd(m2, N, eps)
+        else:
+            _publish(SUMS + first_slot + me, _sum(x * x, axis=1), row_mask)
+            sum_sq, spin = _await_sums(SUMS + slots, slots_mask, spin)
+            rstd = _rstd(sum_sq, N, eps)
+        stats_mask = rows < stats_end
+        if LAYERNORM:
+            gl.store(MEAN + rows, mean, mask=stats_mask)
+        gl.store(RSTD + rows, rstd, mask=stats_mask)
+        y = x * gl.expand_dims(rstd, 1)
+        if HAS_WEIGHT:
+            y = y * w.to(gl.float32)
+        if HAS_BIAS:
+            y = y + b.to(gl.float32)
+        gl.store(Y + _at(rows.to(gl.int64) * stride_y, cols), y.to(Y.dtype.element_ty), mask=mask)
+        rows += ROWS
+
+
 # ============================================================================ launching
 # A launch is (kernel, grid, runtime args, compile-time args, warps). On a GPU it runs; in
 # ``compile_only`` mode (no GPU: the tests) it is compiled for sm_90a from the same description,
@@ -699,6 +816,7 @@ def _sum_partials_kernel(PARTIALS, OUT, P, P_STRIDE, N, BLOCK_P: gl.constexpr, B
 EXCHANGE = True
 SYNC_SLOTS_MAX = 32  # slots (rows x slices, padded to a power of two) a block may wait on: one warp
 SPIN_LIMIT = 1 << 20  # re-reads of the posted sums before a program gives up on a sibling (~1 s)
+FWD_SLOTS = 32  # the exchanging forward's slot tile: at least this wide (fewer binaries)
 _COMPILE_ONLY: list = []  # a stack of lists collecting compiled kernels
 _INTERPRETED: list = []  # a stack of {kernel name: interpreted copy} (interpret.layouts_erased)
 # Without a GPU (compile_only, or the interpreter) grids are sized for one SM: the interpreter
@@ -882,6 +1000,8 @@ def norm_fwd(x, residual, weight, bias, eps, layernorm: bool):
         grid = _realigned_grid(_fwd_odd_kernel, args, constexprs, r, M, x, flags)
         _launch(_fwd_odd_kernel, (grid,), args, constexprs, r.tile.num_warps)
         return y, h, mean, rstd
+    if _fwd_exchange(x, residual, weight, bias, eps, layernorm, y, h, mean, rstd):
+        return y, h, mean, rstd
     args = dict(
         X=x, R=x if residual is None else residual,  # x, rstd: placeholders, never read
         W=x if weight is None else weight, B=x if bias is None else bias,
@@ -896,6 +1016,51 @@ def norm_fwd(x, residual, weight, bias, eps, layernorm: bool):
     )  # fmt: skip
     _launch(_fwd_kernel, (_grid_rows(M, t),), args, constexprs, t.num_warps)
     return y, h, mean, rstd
+
+
+def _fwd_exchange(x, residual, weight, bias, eps, layernorm: bool, y, h, mean, rstd) -> bool:
+    """Launch the exchanging slices (``_fwd_sliced_kernel``) where the plan has an entry for this op
+    and row (``plan.fwd_exchange_plan``) and every sibling can be resident: G row groups of S slices,
+    G from ``exchange_groups`` over the SMs times the programs each may hold (the entry's, no more
+    than the binary allows: ``_resident``). False, launching nothing, where the old forward must run:
+    no entry, or more slices than those programs (G = 0)."""
+    M, N, heads = _row_shape(x)
+    p = fwd_exchange_plan(_op(layernorm, residual is not None), N, x.element_size())
+    if p is None or not (x.is_cuda or _COMPILE_ONLY or _INTERPRETED):
+        return False
+    t, slices = p.tile, p.pieces
+    # (M, S) int64 slots per statistic, zeroed: a slot goes from 0 to posted once a launch
+    sums = torch.zeros((1 + int(layernorm), M, slices), dtype=torch.int64, device=x.device)
+    res = x if residual is None else residual  # x, y, rstd: placeholders, never read
+    args = dict(
+        X=x, R=res, W=x if weight is None else weight, B=x if bias is None else bias,
+        Y=y, H=y if h is None else h, MEAN=rstd if mean is None else mean, RSTD=rstd, SUMS=sums[0], M2S=sums[-1],
+        M=M, N=N, NH=max(heads, 1), **_stride_args("x", x, heads), **_stride_args("r", res, heads),
+        stride_y=y.stride(0), stride_h=(y if h is None else h).stride(0), eps=eps, SLICES=slices, SPIN=SPIN_LIMIT,
+    )  # fmt: skip
+    # the slot tile at least FWD_SLOTS wide, so that rows of a few slices more or less share a binary
+    constexprs = dict(
+        LAYERNORM=layernorm, HAS_WEIGHT=weight is not None, HAS_BIAS=bias is not None,
+        HAS_RESIDUAL=residual is not None, ROWS=t.rows, BLOCK_N=t.width,
+        SLOTS=max(next_pow2(slices), FWD_SLOTS), HEADS=heads > 0, layout=t.layout(),
+    )  # fmt: skip
+    per_sm = p.per_sm
+    if per_sm > 1:
+        key = ("fwd", t, constexprs["SLOTS"], N, x.dtype, args["W"].dtype, args["B"].dtype, layernorm, weight is not None,
+               bias is not None, residual is not None, heads > 0, x.get_device(), args["stride_x"], args["hstride_x"],
+               args["stride_r"], args["hstride_r"], (x.data_ptr() | res.data_ptr() | args["W"].data_ptr()) % 16 == 0)  # fmt: skip
+        per_sm = min(per_sm, _resident(_fwd_sliced_kernel, args, constexprs, t, key, x.is_cuda))
+    groups = exchange_groups(triton.cdiv(M, t.rows), slices, per_sm * sm_count(x.device))
+    if not groups:
+        return False
+    if _INTERPRETED:
+        # the interpreter runs the programs one after another, so none finds a later sibling's
+        # post: a first run posts every slot (its outputs NaN where a sibling came later), the
+        # second finds them all and writes every output; no re-reads in either
+        _launch(_fwd_sliced_kernel, (groups * slices,), {**args, "SPIN": 0}, constexprs, t.num_warps)
+        args["SPIN"] = 0
+    _launch(_fwd_sliced_kernel, (groups * slices,), args, constexprs, t.num_warps)
+    return True
 
 
 # =========================================================================== backward (host)

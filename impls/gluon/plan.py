@@ -69,6 +69,15 @@ since Volta, not on SM counts or clocks):
   the 1024 bucket (Triton's realigned kernels lost at N = 1001), the forward's wider buckets (not
   measured), fp32 rows (element-wise accesses move 4 bytes each; realigned, Triton's lost as often
   as they won).
+* the wide forward's column slices that exchange their row statistics (``kernels``: each slice read
+  once into registers, where the chunked forward reads the row twice, its second pass from an L2
+  that rows of 256 KB and more no longer fit) where ``FWD_EXCHANGE`` has an entry for the op, x's
+  element size and the row bucket: slice columns, warps, rows a block, programs per SM. Empty: the
+  one-program-a-row forward runs everywhere until a GPU measurement pins entries
+  (``tools/experiments/gluon-wide-fwd/fwd.py``). The slice tile is a warp's lanes along N in 16-byte
+  vectors, its warps along N, its rows repeated within each thread (the posted slots' [rows, slots]
+  tile then lies within one warp: a barrier-free wait, as the backward's), so rows whose length is
+  no multiple of a vector keep the old forward.
 * the persistent backward grid is as many programs as the SMs hold at once: kernels.py reads the
   compiled binary's registers and shared memory and counts the programs an SM keeps resident
   (``harness.spec.occupancy``), so that no program waits for a second wave; without a binary to read
@@ -123,6 +132,10 @@ REALIGNED = {
     ("bwd", "rmsnorm", 4096): (1, 4, 2), ("bwd", "layernorm", 4096): (1, 4, 4), ("bwd", "add_rmsnorm", 4096): (2, 8, 1),
     ("bwd", "rmsnorm", 8192): (1, 8, 1), ("bwd", "layernorm", 8192): (1, 8, 1), ("bwd", "add_rmsnorm", 8192): (1, 8, 1),
 }  # fmt: skip
+# The wide forward's exchanging slices (see above): (op, x's element size, row bucket =
+# next_pow2(N)) -> (slice columns, warps along N, rows a block, programs per SM). A missing entry
+# keeps the one-program-a-row forward; experiments set entries to force a candidate.
+FWD_EXCHANGE: dict = {}
 
 
 def next_pow2(n: int) -> int:
@@ -245,6 +258,38 @@ def _plan(direction: str, n: int, elem_size: int, layernorm: bool = False) -> Pl
     if rows > 1 and t.rows == 1:
         t = Tile(t.width, t.vec, t.threads, (t.warps[0] * rows, t.warps[1]), t.reps)
     return Plan(t, 1)
+
+
+_FWD_EXCHANGE_PLANS: dict = {}
+
+
+def fwd_exchange_plan(op: str, n: int, elem_size: int) -> Plan | None:
+    """The exchanging forward's launch for rows of ``n`` elements of ``elem_size`` bytes of ``op``
+    ("rmsnorm", "layernorm", "add_rmsnorm"): the slice tile, the slices (``pieces``) and the programs
+    per SM, or None where the one-program-a-row forward runs: no ``FWD_EXCHANGE`` entry, rows that
+    are no multiple of a 16-byte vector, or more slices than a warp's lanes hold slots (one vector
+    of them a lane). A malformed entry raises."""
+    if not FWD_EXCHANGE:  # (the common case first: host time)
+        return None
+    entry = FWD_EXCHANGE.get((op, elem_size, next_pow2(n)))
+    vec = VECTOR_BYTES // elem_size
+    if entry is None or n % vec:
+        return None
+    key = (n, vec, entry, WARP)
+    got = _FWD_EXCHANGE_PLANS.get(key)
+    if got is None:
+        columns, warps, rows, per_sm = entry
+        if columns & (columns - 1) or columns < vec * WARP * warps or min(warps, rows, per_sm) < 1:
+            raise ValueError(
+                f"FWD_EXCHANGE entry {entry}: slice columns must be a power of two of at least one "
+                f"{vec}-element vector per lane of its {warps} warp(s), and warps, rows, programs per SM >= 1"
+            )
+        slices = -(-n // columns)
+        if slices > vec * WARP:
+            got = _FWD_EXCHANGE_PLANS[key] = False
+        else:
+            got = _FWD_EXCHANGE_PLANS[key] = Plan(Tile(columns, vec, (1, WARP), (1, warps), rows), slices, True, per_sm)
+    return got or None
 
 
 @dataclass(frozen=True)

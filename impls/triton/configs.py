@@ -16,16 +16,24 @@ A ``Config`` says how a kernel walks the (M, N) input:
 * ``reread``: backward, whole-row kernel only: read each row a second time (from L1/L2) for dx
   instead of holding x and dy in registers across the row reductions, leaving the registers to the
   dw/db accumulators (for rows too wide to keep both).
-* ``slice``: backward only: 0 gives each program whole rows; otherwise each program owns a column
+* ``slice``: backward: 0 gives each program whole rows; otherwise each program owns a column
   slice this wide of a group of rows (rows too wide for one program's dw/db accumulators).
+  Forward: only with ``sync`` (the exchanging slices below); without it the forward ignores it.
 * ``row_sums``: sliced backward: the row reductions come from a first kernel over every (row,
   slice) instead of each program streaming the rest of its rows.
 * ``sync``: sliced backward: the programs that share a row block post their slices' row sums to
   each other through global memory and wait for the rest (one program per SM, so that they are all
   resident), instead of ``row_sums``' first kernel: x and dy are read once. On the interpreter,
-  whose programs run one after another, it falls back to ``row_sums``.
-* ``ahead``: sliced backward: how many row blocks a program's loads run ahead of its math (1 or 2;
-  two keep a second block in flight while a ``sync`` program waits for its siblings).
+  whose programs run one after another, it falls back to ``row_sums``. Forward, with ``slice``:
+  each program reads its slice of a row block once, posts the slice's partial statistics to its
+  siblings and waits for theirs (``kernels._norm_fwd_sync_kernel``), instead of the chunked
+  forward's two walks of each row; where every sibling cannot be resident (a row's slices
+  outnumber the SMs, or rows x slices padded to a power of two pass 32) and on the interpreter,
+  the chunked forward runs, in chunks of ``chunk`` or else of the slice's width. No table pins it
+  yet: an entry such as ``{"rows": 1, "warps": 8, "slice": 8192, "sync": true}`` would.
+* ``ahead``: sliced backward and exchanging forward: how many row blocks a program's loads run
+  ahead of its math (1 or 2; two keep a second block in flight while a ``sync`` program waits for
+  its siblings).
 * ``prefetch``: backward, whole-row kernel only: load the next row block while computing this one
   (software pipelining by hand; the default). Off, its registers go to a wider row instead.
 * ``acc_rows``: backward, whole-row kernel only: dw/db accumulated per tile row ([rows, N]) and
@@ -221,6 +229,18 @@ def candidates(direction: str, n: int) -> list[Config]:
     if b == 16384:
         out += [Config(rows=1, warps=16, slice=8192, chunk=c) for c in (4096, 8192)]
     return out or [heuristic(direction, n)]
+
+
+# The exchanging sliced forward's candidates (``sync`` with ``slice``), timed against the pinned
+# forward by tools/experiments/triton-wide-fwd/fwd.py: 8192-column slices (32 slices, the most one
+# warp's slots hold, at N = 262144) on 8 warps with one or two blocks loaded ahead, and on 16 warps
+# with two. Built for sm_90a none spills (16384-column slices on 16 warps do, for LayerNorm and
+# the fused add). Not in ``candidates()``: nothing is searched or pinned with them until measured.
+FWD_EXCHANGE = (
+    Config(rows=1, warps=8, slice=8192, sync=True),
+    Config(rows=1, warps=8, slice=8192, sync=True, ahead=2),
+    Config(rows=1, warps=16, slice=8192, sync=True, ahead=2),
+)
 
 
 # ------------------------------------------------------------------------------ pinned tables

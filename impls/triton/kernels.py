@@ -60,6 +60,9 @@ How a row is walked (``Config``, chosen per GPU and N bucket in ``configs``):
   do not suffice: pass 2 then reads much of x from DRAM again. The fused add writes h in pass 1
   and pass 2 reads h back (one row from L2, not x and residual), after a barrier that orders the
   other threads' writes of h before the reads;
+* forward, sliced, exchanging (``slice`` with ``sync``): each program owns a column slice of a
+  group of rows and reads it once, into registers; the slices of a row exchange their partial
+  statistics through global memory, as the sliced backward's do (below);
 * backward, sliced, for rows too wide for registers: each program owns a column slice (``slice``)
   of a group of rows, so that its dw/db accumulators (slice-wide) stay in registers; the row
   reductions c1, c2 need the whole row. The siblings post their slices' sums of each row block to
@@ -81,6 +84,22 @@ program per wide row with its dw/db partial row in global memory, read-added-wri
 at N = 16384 the partial rows (one per SM) and the rows in flight outgrow the L2, so x and dy are
 read from DRAM almost twice and the partials are written back, far more traffic than the problem's
 own.
+
+Why wide forward rows are sliced and exchange their statistics: the chunked forward reads each
+row twice, hoping for L2 on the second read, and with a row per SM in flight the rows outgrow the
+L2 from N ~ 49152 (bf16) on, so x comes from DRAM twice. A row cut into column slices, one program
+each, is read once: each program keeps its slice in registers, sums its part of the statistics and
+posts it for its siblings. RMSNorm (and the fused add, from h as stored) posts the slice's sum of
+squares; LayerNorm posts the slice's sum and its sum of squared deviations from the slice's own
+mean, and the siblings merge them with Chan et al.'s formula (mean = sum of the sums / N,
+M2 = sum of the slices' M2 + sum of n_s (mean_s - mean)^2), not E[x^2] - E[x]^2, which cancels
+badly. A post is the backward's: the fp32 value and a "posted" bit in one int64 slot, one atomic
+exchange; the next block's loads go out before the wait, so the wait overlaps them; every sibling
+adds the posts in slice order (the same bits in each, whatever the timing); the wait is bounded
+(NaN, not a hang, if a sibling never posts). The siblings wait for each other, so all of them must
+be resident: one program per SM (``harness.spec.occupancy.exchange_groups``), and where a row's
+slices outnumber the SMs, or a block's slots do not fit one warp, the chunked forward runs
+instead. No table pins it yet (``Config.sync``).
 
 Rows whose length is no multiple of a 16-byte vector (N = 4001) start anywhere within a vector,
 so the row kernels' loads and stores are element-wise (a 2-byte access per element keeps the
@@ -109,8 +128,11 @@ that, a first kernel sums every (row, slice) (``row_sums``: 5 units), or each pr
 siblings' slices from L2 (3 units, but every round trip is waited on).
 
 Interpreter notes (CI runs these under TRITON_INTERPRET=1): no arithmetic on bf16 values (it is
-silently wrong there), no libdevice (``tl.rsqrt`` instead), no atomics; its fp32 -> bf16 conversion
-truncates, so residual_out is rounded by hand there (``_round_to``).
+silently wrong there), no libdevice (``tl.rsqrt`` instead); its programs run one after another, so
+programs that wait for each other fall back to kernels that do not (the tests run the exchanging
+forward there twice on the same slots: the first launch posts every slice, the second finds them
+all posted); its fp32 -> bf16 conversion truncates, so residual_out is rounded by hand there
+(``_round_to``).
 
 Measurements behind these choices: docs/kernels/triton.md.
 """
@@ -118,6 +140,7 @@ Measurements behind these choices: docs/kernels/triton.md.
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 
 import torch
 import triton
@@ -125,7 +148,7 @@ import triton.language as tl
 
 from harness.spec.contract import contract_functions
 from harness.spec.jit_launch import fast
-from harness.spec.occupancy import held
+from harness.spec.occupancy import exchange_groups, held
 
 from .configs import Config, bucket, choose, for_weight, sm_count
 
@@ -293,6 +316,174 @@ def _norm_fwd_chunked_kernel(
             y = _affine(x * rstd[:, None], W, B, cols, col_mask, HAS_WEIGHT, HAS_BIAS)
             tl.store(y_rows + cols[None, :], y.to(Y.dtype.element_ty), mask=mask, eviction_policy="evict_first")
 
+
+# ========================================================== sibling programs exchanging row sums
+# Re-reads of the posted row sums a sliced program makes before it gives up on a sibling (see
+# ``_await_sums``): ~2^20 L2 round trips, about a second, far beyond any real wait.
+SPIN_LIMIT = 1 << 20
+# The most slots (rows x slices, padded to a power of two) a block may wait on: one warp's lanes.
+SYNC_SLOTS_MAX = 32
+
+
+@triton.jit
+def _row_block_range(M, ROWS: tl.constexpr, worker, workers):
+    """Worker ``worker``'s contiguous range of row blocks out of ``workers``: as even as possible
+    (sizes differ by at most one), so no program idles while another finishes a double share."""
+    n_blocks = tl.cdiv(M, ROWS)
+    share = n_blocks // workers
+    extra = n_blocks % workers
+    first = worker * share + tl.minimum(worker, extra)
+    return first, first + share + (worker < extra).to(tl.int32)
+
+
+@triton.jit
+def _publish(SLOTS, slot, value, row_mask):
+    """Post one slice's row sums for its siblings: each fp32 sum in the low half of an int64 slot,
+    bit 32 set as the "posted" flag, in one atomic exchange, so a reader that sees the flag sees
+    the value with it (no fence between a value and its flag to get wrong)."""
+    bits = value.to(tl.uint32, bitcast=True).to(tl.int64)  # zero-extended
+    tl.atomic_xchg(SLOTS + slot, bits | (tl.full(value.shape, 1, tl.int64) << 32), mask=row_mask, sem="relaxed")
+
+
+@triton.jit
+def _await_slots(SLOTS, rows64, SLICES, SLICES_P2: tl.constexpr, row_mask, spin):
+    """Every slice's posted value of each row, [rows, SLICES_P2] (padding lanes and masked rows 0),
+    once all have posted: the slots of each row re-read (volatile: from L2, never a stale L1 line)
+    until all carry the flag. The wait is bounded (``spin`` re-reads; what is left of it comes
+    back, 0 once it ran out, so that a program waits out one bound at most): a sibling that never
+    posts (only if the grid outgrew the resident programs, which the launchers prevent) leaves its
+    value NaN, so that the row's result is visibly wrong, not a hang.
+
+    The slots must fit one warp (``SYNC_SLOTS_MAX``): then every warp holds its own copy of them
+    and leaves the loop once its copy is complete, which is final, as a slot only ever goes from
+    empty to posted. Spread over warps, the test that ends the loop is a reduction across warps,
+    whose copies were read at different moments: warps then left the loop on different iterations
+    and out of step with each other's barriers (2 rows x 32 slices gave NaN rows on an H100; the
+    compiled loop held a ``bar.sync``, which ``harness.spec.ptx.spin_barriers`` counts)."""
+    k = tl.arange(0, SLICES_P2)
+    slots = SLOTS + rows64[:, None] * SLICES + k[None, :]
+    mask = row_mask[:, None] & (k < SLICES)[None, :]
+    posted = tl.full([1, SLICES_P2], 1, tl.int64) << 32  # what padding lanes and masked rows read as
+    v = tl.load(slots, mask=mask, other=posted, volatile=True)
+    tries = 0
+    while (tl.min(tl.min(v >> 32, axis=1), axis=0) == 0) & (tries < spin):
+        v = tl.load(slots, mask=mask, other=posted, volatile=True)
+        tries += 1
+    all_posted = tl.min(tl.min(v >> 32, axis=1), axis=0) != 0
+    value = v.to(tl.int32).to(tl.float32, bitcast=True)  # the low half
+    value = tl.where((v >> 32) == 0, float("nan"), value)
+    return value, tl.where(all_posted, spin, 0)
+
+
+@triton.jit
+def _await_sums(SLOTS, rows64, SLICES, SLICES_P2: tl.constexpr, row_mask, spin):
+    """The whole rows' sums, once every slice has posted its part (``_await_slots``), added in
+    slice order, so every sibling gets the same bits and the result is the same run to run."""
+    value, spin = _await_slots(SLOTS, rows64, SLICES, SLICES_P2, row_mask, spin)
+    return tl.sum(value, axis=1), spin
+
+
+@triton.jit
+def _load_slice(X, R, rows, end, cols, col_mask, stride_x, stride_xh, stride_r, stride_rh, HEADS,
+                VIEWS: tl.constexpr, HAS_RESIDUAL: tl.constexpr):  # fmt: skip
+    """A row block's own slice of x (and of the residual), in its storage dtype: what waits in
+    registers for the wait before it is used (16-bit rows take half the registers of fp32)."""
+    mask = (rows < end)[:, None] & col_mask[None, :]
+    x = tl.load(X + _row_offsets(rows, stride_x, stride_xh, HEADS, VIEWS)[:, None] + cols[None, :], mask=mask, other=0.0)
+    r = x  # (no residual: a placeholder, never read)
+    if HAS_RESIDUAL:
+        r = tl.load(R + _row_offsets(rows, stride_r, stride_rh, HEADS, VIEWS)[:, None] + cols[None, :], mask=mask, other=0.0)
+    return x, r
+
+
+@triton.jit(do_not_specialize=["M", "eps", "SLICES"])
+def _norm_fwd_sync_kernel(
+    X, R, W, B, Y, H, MEAN, RSTD, STATS,
+    M, N, stride_x, stride_r, stride_y, stride_h, eps,
+    HEADS, stride_xh, stride_rh, stride_yh, stride_hh, SLICES, SPIN,
+    LAYERNORM: tl.constexpr, HAS_RESIDUAL: tl.constexpr, HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr,
+    ROWS: tl.constexpr, SLICE: tl.constexpr, SLICES_P2: tl.constexpr, VIEWS: tl.constexpr, AHEAD: tl.constexpr,
+):  # fmt: skip
+    """The forward of rows too wide for one program's registers, each row read once (``Config.sync``
+    with ``slice``). Program p owns column slice p % SLICES of the row blocks of row group
+    p // SLICES (a contiguous range, ``_row_block_range``), and its weight and bias slice, loaded
+    once. Per row block it loads its slice (the fused add: h rounded once and stored, the
+    statistics h's as stored), posts its slice's partial statistics to STATS (int64 slots, zeroed
+    by the launcher: RMSNorm's sum of squares; LayerNorm's sum and sum of squared deviations from
+    the slice's own mean, two planes), issues the next block's loads, then waits for its siblings'
+    posts and merges them in slice order, the same bits in every sibling: RMSNorm adds them,
+    LayerNorm merges them with Chan et al.'s formula (mean = sum of the sums / N, M2 = sum of the
+    m2_s + sum of n_s (mean_s - mean)^2, n_s the slice's columns). Slice 0 stores mean and rstd;
+    every slice normalises and stores its own columns of y. All siblings must be resident: the
+    launcher keeps the grid to one program per SM (``exchange_grid``)."""
+    me = tl.program_id(0) % SLICES
+    group = tl.program_id(0) // SLICES
+    first, last = _row_block_range(M, ROWS, group, tl.num_programs(0) // SLICES)
+    end = tl.minimum(M, last * ROWS)
+    stats_end = tl.where(me == 0, end, 0)  # one slice stores mean and rstd
+    cols = me * SLICE + tl.arange(0, SLICE)
+    col_mask = cols < N
+    n_me = tl.minimum(N - me * SLICE, SLICE).to(tl.float32)  # this slice's columns (the last may be short)
+    if HAS_WEIGHT:
+        w = tl.load(W + cols, mask=col_mask, other=0.0).to(tl.float32)[None, :]
+    if HAS_BIAS:
+        b = tl.load(B + cols, mask=col_mask, other=0.0).to(tl.float32)[None, :]
+    spin = SPIN
+
+    rows = first * ROWS + tl.arange(0, ROWS)
+    x_next, r_next = _load_slice(X, R, rows, end, cols, col_mask, stride_x, stride_xh, stride_r, stride_rh, HEADS,
+                                 VIEWS, HAS_RESIDUAL)  # fmt: skip
+    if AHEAD == 2:
+        x_next2, r_next2 = _load_slice(X, R, rows + ROWS, end, cols, col_mask, stride_x, stride_xh, stride_r,
+                                       stride_rh, HEADS, VIEWS, HAS_RESIDUAL)  # fmt: skip
+    for block in range(first, last):
+        row_mask = rows < end
+        mask = row_mask[:, None] & col_mask[None, :]
+        rows64 = rows.to(tl.int64)
+        if HAS_RESIDUAL:  # h rounded once and stored (residual_out); the statistics are h's as stored
+            h = _round_to(x_next.to(tl.float32) + r_next.to(tl.float32), H.dtype.element_ty)
+            h_rows = _row_offsets(rows, stride_h, stride_hh, HEADS, VIEWS)
+            tl.store(H + h_rows[:, None] + cols[None, :], h, mask=mask)
+            x = h.to(tl.float32)
+        else:
+            x = x_next.to(tl.float32)
+        # this slice's part of the statistics, posted before the next block's loads go out
+        if LAYERNORM:
+            part = tl.sum(x, axis=1)
+            dev = tl.where(mask, x - (part / n_me)[:, None], 0.0)
+            _publish(STATS, rows64 * SLICES + me, part, row_mask)
+            _publish(STATS, (M + rows64) * SLICES + me, tl.sum(dev * dev, axis=1), row_mask)
+        else:
+            _publish(STATS, rows64 * SLICES + me, tl.sum(x * x, axis=1), row_mask)
+        if AHEAD == 2:
+            x_next, r_next = x_next2, r_next2
+            x_next2, r_next2 = _load_slice(X, R, rows + 2 * ROWS, end, cols, col_mask, stride_x, stride_xh, stride_r,
+                                           stride_rh, HEADS, VIEWS, HAS_RESIDUAL)  # fmt: skip
+        else:
+            x_next, r_next = _load_slice(X, R, rows + ROWS, end, cols, col_mask, stride_x, stride_xh, stride_r,
+                                         stride_rh, HEADS, VIEWS, HAS_RESIDUAL)  # fmt: skip
+        if LAYERNORM:
+            sums, spin = _await_slots(STATS, rows64, SLICES, SLICES_P2, row_mask, spin)
+            m2s, spin = _await_slots(STATS + M * SLICES, rows64, SLICES, SLICES_P2, row_mask, spin)
+            k = tl.arange(0, SLICES_P2)
+            n_k = tl.minimum(tl.maximum(N - k * SLICE, 0), SLICE).to(tl.float32)[None, :]  # 0 past the last slice
+            mean = tl.sum(sums, axis=1) / N
+            d = sums / tl.maximum(n_k, 1.0) - mean[:, None]  # (padding lanes: 0 - mean, times n_k = 0)
+            rstd = _rstd((tl.sum(m2s, axis=1) + tl.sum(n_k * d * d, axis=1)) / N, eps)
+            x = x - mean[:, None]
+            tl.store(MEAN + rows, mean, mask=rows < stats_end)
+        else:
+            sum_sq, spin = _await_sums(STATS, rows64, SLICES, SLICES_P2, row_mask, spin)
+            rstd = _rstd(sum_sq / N, eps)
+        tl.store(RSTD + rows, rstd, mask=rows < stats_end)
+        y = x * rstd[:, None]
+        if HAS_WEIGHT:
+            y = y * w
+        if HAS_BIAS:
+            y = y + b
+        y_rows = _row_offsets(rows, stride_y, stride_yh, HEADS, VIEWS)
+        tl.store(Y + y_rows[:, None] + cols[None, :], y.to(Y.dtype.element_ty), mask=mask)
+        rows += ROWS
 
 @triton.jit
 def _odd_split(first_row, stride, N, VEC: tl.constexpr):
@@ -471,11 +662,49 @@ def realigned_grid(cfg: Config, m: int, vec: int, device) -> int:
     return max(programs, 1) * vec
 
 
+def exchange_grid(cfg: Config, m: int, n: int, sms: int) -> tuple[int, int]:
+    """(row groups, slices) of the exchanging sliced forward (``_norm_fwd_sync_kernel``): a grid of
+    groups x slices programs, one per SM, so that every sibling a program waits for is resident
+    (``exchange_groups``). Groups 0 where it cannot run: a row's slices outnumber the SMs, or a
+    block's slots (rows x slices, padded to a power of two) do not fit one warp (``_await_slots``)."""
+    slices = triton.cdiv(n, cfg.slice)
+    if cfg.rows * triton.next_power_of_2(slices) > SYNC_SLOTS_MAX:
+        return 0, slices
+    return exchange_groups(triton.cdiv(m, cfg.rows), slices, sms), slices
+
+
+def launch_fwd_exchange(cfg: Config, x, weight, bias, eps, layernorm: bool, y, mean, rstd, residual, residual_out,
+                        groups: int, stats, spin: int = SPIN_LIMIT):  # fmt: skip
+    """Run the exchanging sliced forward on ``groups`` row groups, posting through ``stats``
+    ((1 + layernorm, M, slices) int64, all zero); returns the compiled kernel."""
+    M, N, heads = row_shape(x)
+    slices = triton.cdiv(N, cfg.slice)
+    fused = residual is not None
+    r, h = (residual, residual_out) if fused else (x, y)
+    (sx, sxh), (sr, srh), (sy, syh), (sh, shh) = (row_strides(t, heads) for t in (x, r, y, h))
+    return fast(_norm_fwd_sync_kernel)[(groups * slices,)](  # x, y in place of absent tensors: never touched
+        x, r, x if weight is None else weight, x if bias is None else bias, y, h, mean, rstd, stats,
+        M, N, sx, sr, sy, sh, eps, max(heads, 1), sxh, srh, syh, shh, slices, spin,
+        layernorm, fused, weight is not None, bias is not None,
+        cfg.rows, cfg.slice, triton.next_power_of_2(slices), heads > 0, cfg.ahead, num_warps=cfg.warps,
+    )  # fmt: skip
+
+
 def launch_fwd(cfg: Config, x, weight, bias, eps, layernorm: bool, y, mean, rstd, residual=None, residual_out=None):
     """Run the forward with ``cfg`` into y / mean / rstd (and residual_out = x + residual when a
     residual is given); returns the compiled kernel (its ``n_regs`` and ``n_spills`` are the
     compiler's report). x (and residual) may be (T, H, N) per-head views (``row_shape``)."""
     M, N, heads = row_shape(x)
+    if cfg.slice and cfg.sync:
+        # The exchanging slices where every sibling can be resident (``exchange_grid``); elsewhere,
+        # and on the interpreter (whose programs run one after another: a program would wait for a
+        # sibling that has not started), the chunked forward in chunks of the slice's width.
+        groups, slices = exchange_grid(cfg, M, N, sm_count(x.device)) if x.is_cuda else (0, 0)
+        if groups:
+            stats = torch.zeros((1 + int(layernorm), M, slices), dtype=torch.int64, device=x.device)
+            return launch_fwd_exchange(cfg, x, weight, bias, eps, layernorm, y, mean, rstd, residual, residual_out,
+                                       groups, stats)  # fmt: skip
+        cfg = replace(cfg, chunk=cfg.chunk or cfg.slice, slice=0, sync=False)
     grid = triton.cdiv(M, cfg.rows)
     if cfg.chunk and cfg.persistent:
         grid = min(grid, cfg.programs_per_sm * sm_count(x.device))
@@ -521,25 +750,9 @@ def norm_fwd(x, weight, bias, eps, layernorm: bool, config: Config | None = None
 
 
 # =================================================================================== backward
-# Re-reads of the posted row sums a sliced program makes before it gives up on a sibling (see
-# ``_await_sums``): ~2^20 L2 round trips, about a second, far beyond any real wait.
-SPIN_LIMIT = 1 << 20
-# The most slots (rows x slices, padded to a power of two) a block may wait on: one warp's lanes.
-SYNC_SLOTS_MAX = 32
 # (config, N, dtypes, flags, device, strides, alignment) -> programs of the exchanging slice kernel's
 # binary an SM holds (configs asking for more than one per SM)
 _SYNC_HELD: dict = {}
-
-
-@triton.jit
-def _row_block_range(M, ROWS: tl.constexpr, worker, workers):
-    """Worker ``worker``'s contiguous range of row blocks out of ``workers``: as even as possible
-    (sizes differ by at most one), so no program idles while another finishes a double share."""
-    n_blocks = tl.cdiv(M, ROWS)
-    share = n_blocks // workers
-    extra = n_blocks % workers
-    first = worker * share + tl.minimum(worker, extra)
-    return first, first + share + (worker < extra).to(tl.int32)
 
 
 @triton.jit(do_not_specialize=["M"])
@@ -773,45 +986,6 @@ def _norm_bwd_row_sums_kernel(
     tl.store(ROW_SUMS + rows * SLICES + me, tl.sum(gxc, axis=1), mask=row_mask)
     if LAYERNORM:
         tl.store(ROW_SUMS + (M + rows) * SLICES + me, tl.sum(g, axis=1), mask=row_mask)
-
-
-@triton.jit
-def _publish(SLOTS, slot, value, row_mask):
-    """Post one slice's row sums for its siblings: each fp32 sum in the low half of an int64 slot,
-    bit 32 set as the "posted" flag, in one atomic exchange, so a reader that sees the flag sees
-    the value with it (no fence between a value and its flag to get wrong)."""
-    bits = value.to(tl.uint32, bitcast=True).to(tl.int64)  # zero-extended
-    tl.atomic_xchg(SLOTS + slot, bits | (tl.full(value.shape, 1, tl.int64) << 32), mask=row_mask, sem="relaxed")
-
-
-@triton.jit
-def _await_sums(SLOTS, rows64, SLICES, SLICES_P2: tl.constexpr, row_mask, spin):
-    """The whole rows' sums, once every slice has posted its part: the slots of each row re-read
-    (volatile: from L2, never a stale L1 line) until all carry the flag, then added in slice order,
-    so every sibling gets the same bits and the result is the same run to run. The wait is bounded
-    (``spin`` re-reads; what is left of it comes back, 0 once it ran out, so that a program waits
-    out one bound at most): a sibling that never posts (only if the grid outgrew the resident
-    programs, which the launcher prevents) makes the row's sums NaN, a visibly wrong dx, not a hang.
-
-    The slots must fit one warp (``SYNC_SLOTS_MAX``): then every warp holds its own copy of them
-    and leaves the loop once its copy is complete, which is final, as a slot only ever goes from
-    empty to posted. Spread over warps, the test that ends the loop is a reduction across warps,
-    whose copies were read at different moments: warps then left the loop on different iterations
-    and out of step with each other's barriers (2 rows x 32 slices gave NaN rows on an H100; the
-    compiled loop held a ``bar.sync``, which ``harness.spec.ptx.spin_barriers`` counts)."""
-    k = tl.arange(0, SLICES_P2)
-    slots = SLOTS + rows64[:, None] * SLICES + k[None, :]
-    mask = row_mask[:, None] & (k < SLICES)[None, :]
-    posted = tl.full([1, SLICES_P2], 1, tl.int64) << 32  # what padding lanes and masked rows read as
-    v = tl.load(slots, mask=mask, other=posted, volatile=True)
-    tries = 0
-    while (tl.min(tl.min(v >> 32, axis=1), axis=0) == 0) & (tries < spin):
-        v = tl.load(slots, mask=mask, other=posted, volatile=True)
-        tries += 1
-    all_posted = tl.min(tl.min(v >> 32, axis=1), axis=0) != 0
-    value = v.to(tl.int32).to(tl.float32, bitcast=True)  # the low half
-    value = tl.where((v >> 32) == 0, float("nan"), value)
-    return tl.sum(value, axis=1), tl.where(all_posted, spin, 0)
 
 
 @triton.jit(do_not_specialize=["M"])

@@ -145,6 +145,10 @@ def build_config(op: str, direction: str, n: int, cfg: C.Config, x_dtype="bf16",
         return build(K._norm_bwd_odd_kernel, pointers, flags, cfg.warps, odd)
     if direction == "fwd":
         flags = {"LAYERNORM": layernorm, "HAS_RESIDUAL": fused, "HAS_WEIGHT": True, "HAS_BIAS": layernorm, "ROWS": cfg.rows}
+        if cfg.slice and cfg.sync:  # the exchanging slices, their posts in int64 slots
+            sliced = {"SLICE": cfg.slice, "SLICES_P2": triton.next_power_of_2(triton.cdiv(n, cfg.slice)),
+                      "VIEWS": False, "AHEAD": cfg.ahead}  # fmt: skip
+            return build(K._norm_fwd_sync_kernel, {**pointers, "STATS": "i64"}, {**flags, **sliced}, cfg.warps, odd)
         if cfg.chunk:
             return build(K._norm_fwd_chunked_kernel, pointers, {**flags, "CHUNK": cfg.chunk, "VIEWS": False}, cfg.warps, odd)
         return build(K._norm_fwd_row_kernel, pointers, {**flags, **whole_row}, cfg.warps, odd)
