@@ -657,3 +657,159 @@ def test_exchanging_backward_against_the_reference(contract, dtype):
         assert not failures, "\n".join(failures)
     finally:
         P.TUNING = old
+
+
+# ---------------------------------------------------- the forward's exchanging slices (Tuning.fwd_sync)
+FWD_SYNC_TUNING = {"fwd_sync": True, "fwd_slice": 8192, "fwd_tile_elements": 8192, "worker_warps": 8, "occupancy": 1}
+
+
+def test_exchanging_forward_plan_is_asked_for_and_its_grid_fits_the_sms():
+    """``fwd_sync_plan``: None unless the tuning asks for it and the row is wider than one slice;
+    slices covering the row (the last partial), rows from the tile elements; its grid (the
+    backward's ``sync_groups``) one program per SM or none."""
+    from impls.cutile.plan import Plan, Tuning, fwd_sync_plan, sync_groups
+
+    assert fwd_sync_plan(512, 262144) is None and fwd_sync_plan(512, 262144, Tuning()) is None
+    t = Tuning(**FWD_SYNC_TUNING)
+    assert fwd_sync_plan(512, 8192, t) is None  # one slice: nothing to exchange
+    assert fwd_sync_plan(37, 20001, t) == Plan(1, 8192, 3)
+    assert fwd_sync_plan(37, 20001, Tuning(fwd_sync=True, fwd_slice=4096, fwd_tile_elements=8192)) == Plan(2, 4096, 5)
+    assert fwd_sync_plan(1, 20001, Tuning(fwd_sync=True, fwd_slice=4096, fwd_tile_elements=8192)).rows == 1
+    with pytest.raises(ValueError, match="power of two"):
+        fwd_sync_plan(4, 20001, Tuning(fwd_sync=True, fwd_slice=6000))
+    for n in (16385, 20001, 65536, 262144):
+        for m in (1, 3, 512):
+            p = fwd_sync_plan(m, n, t)
+            assert p.pieces * p.width >= n > (p.pieces - 1) * p.width and p.pieces >= 2, (m, n, p)
+            for sms in (1, 2, 132):
+                groups = sync_groups(m, p, sms)
+                assert groups == 0 if p.pieces > sms else 1 <= groups <= -(-m // p.rows) and groups * p.pieces <= sms
+
+
+def test_table_keeps_the_forward_that_walks_rows_in_chunks():
+    """No entry of the table (nor the heuristic) asks for the exchanging forward yet: the forward
+    stays what it was until an entry pins ``fwd_sync``."""
+    from impls.cutile import configs
+    from impls.cutile.plan import Tuning, fwd_sync_plan
+
+    table = configs._table()
+    rules = [table["_heuristic"]["fwd"]] + [r for g in configs.gpus() for op in ("rmsnorm", "layernorm", "add_rmsnorm")
+                                            for r in table[g][f"{op}_fwd"].values()]  # fmt: skip
+    for rule in rules:
+        assert not rule.get("fwd_sync", False), rule
+        assert fwd_sync_plan(512, 262144, Tuning(**rule)) is None
+
+
+def _launched(k, monkeypatch) -> list:
+    """(kernel name, grid) of every launch from now on, each also compiled as ``compile_only`` does."""
+    launches = []
+    real = k._launch
+
+    def record(kernel, grid, args):
+        launches.append((k._name(kernel), grid))
+        real(kernel, grid, args)
+
+    monkeypatch.setattr(k, "_launch", record)
+    return launches
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("n", [20001, 262144])  # 3 slices, the last partial; 32
+def test_exchanging_forward_compiles_for_sm90(cutile_kernels, monkeypatch, n):
+    """With ``fwd_sync`` the forward is one kernel on a grid of groups x slices that fits the SMs,
+    posting its partial statistics with 64-bit atomic exchanges (two planes for LayerNorm) and
+    polling its siblings' with atomics in the wait loop (from the SASS where a disassembler is at
+    hand); with more slices than SMs, the chunked forward; without the table's entry pinning it,
+    the forward of the table."""
+    from impls.cutile import plan as P
+
+    k = cutile_kernels
+    x, dy, w, b, s = inputs(Shape((37, n)), torch.bfloat16, torch.float32)
+    nvdisasm = _nvdisasm()
+    slices = -(-n // 8192)
+    launches = _launched(k, monkeypatch)
+    old = P.set_tuning(**FWD_SYNC_TUNING)
+    try:
+        for sms in (132, 2):
+            monkeypatch.setattr(k, "SM_COUNT_WITHOUT_GPU", sms)
+            for op in ("rmsnorm", "layernorm", "add_rmsnorm"):
+                launches.clear()
+                with k.compile_only() as compiled:
+                    CALLS[(op, "fwd")](k, x, dy, w, b, s)
+                (name, grid), = launches
+                if sms == 2:
+                    assert name == "_fwd_kernel", (op, launches)
+                    continue
+                assert name == "_fwd_sync_kernel" and grid[1] == slices and grid[0] * grid[1] <= sms, (op, launches)
+                assert grid[0] == min(37, sms // slices), (op, grid)  # one row a block: every group has rows
+                if nvdisasm and n == 20001:
+                    sass = _sass(compiled[0][1], nvdisasm)
+                    exch = sass.count("ATOMG.E.EXCH.64.STRONG.GPU")
+                    assert exch >= (2 if op == "layernorm" else 1), (op, "the statistics are not posted by a 64-bit exchange")
+                    assert sass.count("ATOMG.E.OR.64.STRONG.GPU") >= 2, (op, "the siblings' parts are not re-read in the loop")
+    finally:
+        P.TUNING = old
+    launches.clear()
+    with k.compile_only():
+        CALLS[("rmsnorm", "fwd")](k, x, dy, w, b, s)
+    assert [name for name, _ in launches] in (["_fwd_kernel"], ["_fwd_odd_kernel"]), launches  # N = 20001: realigned
+
+
+@pytest.mark.slow
+def test_exchanging_forward_takes_what_the_forward_takes(cutile_kernels, monkeypatch):
+    """fp32 rows, no weight, bf16 rows with fp32 weights and per-head (T, H, N) views (read in
+    place, one row a tile) all take the exchanging slices and compile."""
+    from impls.cutile import plan as P
+
+    k = cutile_kernels
+    monkeypatch.setattr(k, "SM_COUNT_WITHOUT_GPU", 132)
+    launches = _launched(k, monkeypatch)
+    view = head_view(9, 2, 20001, 3)
+    res = head_view(9, 2, 20001, 3)
+    w32, w16 = torch.ones(20001), torch.ones(20001, dtype=torch.bfloat16)
+    x32 = torch.randn(5, 20001)
+    calls = [
+        ("fp32 layernorm", lambda: k.layernorm_fwd(x32, torch.ones(20001), torch.zeros(20001), 1e-5)),
+        ("no weight", lambda: k.layernorm_fwd(view.reshape(-1, 20001).contiguous(), None, None, 1e-5)),
+        ("fp32 weight view", lambda: k.rmsnorm_fwd(view, w32, 1e-5)),
+        ("view + residual", lambda: k.add_rmsnorm_fwd(view, res, w16, 1e-5)),
+    ]
+    old = P.set_tuning(**FWD_SYNC_TUNING)
+    try:
+        for what, call in calls:
+            launches.clear()
+            with k.compile_only() as compiled:
+                call()
+            assert [name for name, _ in launches] == ["_fwd_sync_kernel"], (what, launches)
+            assert compiled[0][1][:4] == b"\x7fELF", what
+    finally:
+        P.TUNING = old
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype,weights", [("bf16", "same"), ("bf16", "fp32"), ("fp32", "same")])
+def test_exchanging_forward_against_the_reference(contract, dtype, weights):
+    """The exchanging slices' y, residual_out, mean and rstd against fp64 (a partial last slice, a
+    last row block past M with two rows a tile, per-head views of wide heads, rows of more slices
+    than a GPU has SMs, which take the chunked forward), and the same bits on a second call."""
+    from harness.registry import get
+    from harness.run.bench import callables
+    from impls.cutile import plan as P
+
+    failures = []
+    for tuning in (FWD_SYNC_TUNING, {**FWD_SYNC_TUNING, "fwd_slice": 4096, "worker_warps": 4}, {**FWD_SYNC_TUNING, "fwd_slice": 512}):
+        old = P.set_tuning(**tuning)
+        try:
+            for op in ("rmsnorm", "layernorm", "add_rmsnorm"):
+                for shape in (Shape((37, 20001)), Shape((300, 32768)), Shape((9, 2, 20001), "head-slice-3"), Shape((3, 131072))):
+                    r = run_check(get("cutile"), op, "fwd", shape, dtype, DEVICE, kernels=contract, weights=weights)
+                    if not r.passed:
+                        failures.append(f"{tuning} {op} {shape.label}: {r.status} {r.summary()}")
+                case = make_case(op, Shape((300, 32768)), DTYPES[dtype], DEVICE, seed=4, weights=weights)
+                fn = callables(contract, op, "fwd", case)
+                first, second = fn(), fn()
+                for a, b in zip(first, second):
+                    assert a is None or torch.equal(a, b), (tuning, op)
+        finally:
+            P.TUNING = old
+    assert not failures, "\n".join(failures)

@@ -8,7 +8,9 @@ went from 20-66% of the copy bandwidth on the first guesses to 72-96% up to N = 
 points, so they are a table like Triton's and Helion's, not one rule. The bucket is the tile's
 width (next_pow2(N)); rows wider than the widest bucket take it; a missing bucket takes the
 nearest. Which GPU's table a GPU reads (its own, one of the same architecture, or the heuristic)
-is ``harness.spec.tuned``'s rule. The table is written by ``tools/experiments/cutile-tuning/pick.py``
+is ``harness.spec.tuned``'s rule. An entry asks for the exchanging wide forward with
+``"fwd_sync": true`` (its slice ``fwd_slice``, its tile rows from ``fwd_tile_elements``); entries
+without the field keep the forward they had (``Tuning``'s defaults). The table is written by ``tools/experiments/cutile-tuning/pick.py``
 from the grid runs in ``reports/experiments/cutile-tuning/``.
 """
 

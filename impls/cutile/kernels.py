@@ -47,6 +47,18 @@ Design decisions:
   the slices themselves: ``_bwd_sync_kernel``'s programs, one per SM so that all are resident,
   post their parts to global memory and wait for each other's, and x and dy are read once. The
   wait re-reads with atomics: a plain load in the loop was hoisted out of it by the compiler.
+* Wide rows, forward, exchanging (``Tuning.fwd_sync``, ``_fwd_sync_kernel``): the chunked forward
+  reads x twice, and with a row block per SM in flight rows of 49152 and more overflow the L2
+  between the passes, so the second read comes from DRAM. Instead the row is cut into column
+  slices, one program each, that exchange their partial statistics as the backward's do: each
+  reads its slice once into registers, posts the slice's sum of squares (LayerNorm: its sum and
+  its sum of squared deviations from the slice's own mean, two planes) through ``_post_sums``,
+  loads its slice of the next block, waits through ``_await_parts`` (bounded: NaN rows where a
+  sibling never posts, not a hang) and merges the parts in slice order, the same bits in every
+  sibling. LayerNorm merges by Chan's formula (mean = sum of the sums / N, M2 = sum of the m2_s +
+  sum of n_s (mean_s - mean)^2), never E[x^2] - E[x]^2. Its grid is the backward's, groups of
+  slices one program per SM, every sibling resident; where a row has more slices than the GPU has
+  SMs the launcher takes the chunked forward. Slice 0 stores mean and rstd.
 * dweight / dbias without atomics: the backward is persistent, a grid of a few programs per SM
   (per column slice), each walking a contiguous range of row blocks and accumulating dw / db
   in fp32 tiles; each writes one partial row, and ``_sum_partials_kernel`` adds the partials in a
@@ -117,8 +129,8 @@ from harness.spec.validation import has_no_row_view
 
 from . import configs
 from . import plan as _plan_module
-from .plan import (PHASES, Plan, backward_groups, forward_programs, next_pow2, plan, realigned, realigned_programs,
-                   sync_groups)
+from .plan import (PHASES, Plan, backward_groups, forward_programs, fwd_sync_plan, next_pow2, plan, realigned,
+                   realigned_programs, sync_groups)
 
 ConstBool = ct.Constant[bool]
 ConstInt = ct.Constant[int]
@@ -401,17 +413,24 @@ def _post_sums(SLOTS, block, me, value, ROWS):
 
 def _await_sums(SLOTS, block, ROWS, SLICES, SUMS, SLICES_P2, spin):
     """The block's rows' sums over all slices, once every slice has posted its part, for each of
+    the SUMS row quantities: ``_await_parts``, added in slice order, so that every sibling gets the
+    same bits and the result is the same run to run. Returns ([ROWS, SUMS, 1] sums, spin left)."""
+    value, left = _await_parts(SLOTS, block, ROWS, SLICES, SUMS, SLICES_P2, spin)
+    return ct.sum(value, axis=2, keepdims=True), left
+
+
+def _await_parts(SLOTS, block, ROWS, SLICES, SUMS, SLICES_P2, spin):
+    """The block's rows' parts from every slice, once every slice has posted its part, for each of
     the SUMS row quantities (SLOTS[row, k * SLICES + slice]): the row's slots re-read until every
-    one carries the flag, then added in slice order, so that every sibling gets the same bits and
-    the result is the same run to run. They are re-read by atomic ORs of 0 at L2: a plain load
+    one carries the flag. They are re-read by atomic ORs of 0 at L2: a plain load
     re-read in the loop was taken for loop-invariant (rows whose siblings posted late kept waiting
     until the bound), and an atomic is done every time; relaxed, since the value is all there is
     to read (an acquire's fence would also wait for the next block's loads, in flight by then).
     LayerNorm's two sums share one wait. A slot still empty after ``spin`` re-reads (a sibling
     that never ran: only if the grid outgrew what the GPU holds at once, which the launcher
     prevents) makes its row's sum NaN, a visibly wrong dx, not a hang; what is left of ``spin``
-    comes back, so that a program waits out one bound at most. Returns ([ROWS, SUMS, 1] sums,
-    spin left)."""
+    comes back, so that a program waits out one bound at most. Returns ([ROWS, SUMS, SLICES_P2]
+    parts, 0 past the slices and past M; spin left)."""
     rows = ct.reshape(block * ROWS + ct.arange(ROWS, dtype=ct.int32), (ROWS, 1, 1))
     k = ct.reshape(ct.arange(SUMS, dtype=ct.int32), (1, SUMS, 1))
     lanes = ct.reshape(ct.arange(SLICES_P2, dtype=ct.int32), (1, 1, SLICES_P2))
@@ -428,7 +447,7 @@ def _await_sums(SLOTS, block, ROWS, SLICES, SUMS, SLICES_P2, spin):
     value = ct.bitcast(ct.astype(ct.bitwise_and(v, FLAG - 1), ct.uint32), ct.float32)
     value = ct.where(valid & (v < FLAG), math.nan, ct.where(valid, value, 0.0))
     left = ct.where(missing > 0, 0, spin - tries)
-    return ct.sum(value, axis=2, keepdims=True), left
+    return value, left
 
 
 def _bwd_sync_kernel(
@@ -487,6 +506,84 @@ def _bwd_sync_kernel(
         ct.store(DW_PARTIAL, index=(group, me), tile=ct.sum(dw, axis=0, keepdims=True))
     if LAYERNORM:
         ct.store(DB_PARTIAL, index=(group, me), tile=ct.sum(db, axis=0, keepdims=True))
+
+
+def _fwd_sync_kernel(
+    X, R, W, B, Y, H, MEAN, RSTD, SLOTS, eps,
+    LAYERNORM: ConstBool, HAS_WEIGHT: ConstBool, HAS_BIAS: ConstBool, HAS_RESIDUAL: ConstBool,
+    ROWS: ConstInt, BLOCK_N: ConstInt, SLICES: ConstInt, SLICES_P2: ConstInt, TMA_LOAD: ConstBool,
+    TMA_STORE: ConstBool, LATENCY: ConstInt, HEAD_ROWS: ConstInt, SPIN: ConstInt,
+):  # fmt: skip
+    """The forward of rows cut into column slices, program (group, slice) owning columns
+    [slice * BLOCK_N, +BLOCK_N) of its group's contiguous range of row blocks (``_group_blocks``):
+    each program reads its slice of a block once, posts the slice's partial statistics
+    (``_post_sums``: the sum of squares; LayerNorm's sum and sum of squared deviations from the
+    slice's own mean, two planes), loads its slice of the next block, waits for the siblings'
+    parts (``_await_parts``), merges them in slice order and writes y from the registers. Every
+    program of the grid must be resident at once (the launcher keeps it to one per SM)."""
+    me = ct.bid(1)
+    n = Y.shape[1]
+    first, count, n_blocks = _group_blocks(Y.shape[0], ROWS)
+    # the slice's weight and bias, loaded once per program
+    w = ct.full((BLOCK_N,), 1.0, dtype=ct.float32)
+    b = ct.full((BLOCK_N,), 0.0, dtype=ct.float32)
+    if HAS_WEIGHT:
+        w = _param(W, me, BLOCK_N)
+    if HAS_BIAS:
+        b = _param(B, me, BLOCK_N)
+    # each slice's valid columns (the last may be partial; 0 past the slices), for Chan's merge
+    lanes = ct.reshape(ct.arange(SLICES_P2, dtype=ct.int32), (1, 1, SLICES_P2))
+    widths = ct.astype(ct.maximum(ct.minimum(n - lanes * BLOCK_N, BLOCK_N), 0), ct.float32)
+    mine = ct.astype(ct.minimum(n - me * BLOCK_N, BLOCK_N), ct.float32)
+    spin = SPIN
+    x_next = _ld_rows(X, first, me, ROWS, BLOCK_N, HEAD_ROWS, TMA_LOAD, LATENCY)
+    r_next = x_next
+    if HAS_RESIDUAL:
+        r_next = _ld_rows(R, first, me, ROWS, BLOCK_N, HEAD_ROWS, TMA_LOAD, LATENCY)
+    for i in range(count):
+        block = first + i
+        x = x_next
+        if HAS_RESIDUAL:
+            x = ct.astype(ct.astype(x, ct.float32) + ct.astype(r_next, ct.float32), X.dtype)
+            _st(H, (block, me), x, TMA_STORE, LATENCY)
+        x = ct.astype(x, ct.float32)
+        if LAYERNORM:
+            part_sum = ct.sum(x, axis=1, keepdims=True)
+            dev = ct.where(_column_mask(me, BLOCK_N, n), x - part_sum / mine, 0.0)
+            _post_sums(SLOTS, block, me, ct.reshape(part_sum, (ROWS,)), ROWS)
+            _post_sums(SLOTS, block, SLICES + me, ct.sum(dev * dev, axis=1), ROWS)
+        else:
+            _post_sums(SLOTS, block, me, ct.sum(x * x, axis=1), ROWS)
+        # the next block's slice, in flight during the wait; past the range, a block that is read
+        # and never used (within the array: a tile wholly outside it is undefined behaviour)
+        ahead = ct.minimum(block + 1, n_blocks - 1)
+        x_next = _ld_rows(X, ahead, me, ROWS, BLOCK_N, HEAD_ROWS, TMA_LOAD, LATENCY)
+        if HAS_RESIDUAL:
+            r_next = _ld_rows(R, ahead, me, ROWS, BLOCK_N, HEAD_ROWS, TMA_LOAD, LATENCY)
+        parts, spin = _await_parts(SLOTS, block, ROWS, SLICES, 1 + int(LAYERNORM), SLICES_P2, spin)
+        if LAYERNORM:
+            sums = ct.extract(parts, (0, 0, 0), (ROWS, 1, SLICES_P2))
+            m2s = ct.extract(parts, (0, 1, 0), (ROWS, 1, SLICES_P2))
+            mean = ct.sum(sums, axis=2, keepdims=True) / n
+            # Chan et al.: the slices' squared deviations plus each slice's mean's from the row's
+            part_mean = ct.where(widths > 0, sums / ct.maximum(widths, 1.0), 0.0)
+            spread = widths * (part_mean - mean) * (part_mean - mean)
+            m2 = ct.sum(m2s, axis=2, keepdims=True) + ct.sum(spread, axis=2, keepdims=True)
+            mean = ct.reshape(mean, (ROWS, 1))
+            rstd = _rstd(ct.reshape(m2, (ROWS, 1)), n, eps)
+            x = x - mean
+        else:
+            rstd = _rstd(ct.reshape(ct.sum(parts, axis=2, keepdims=True), (ROWS, 1)), n, eps)
+        if me == 0:
+            if LAYERNORM:
+                ct.store(MEAN, index=(block,), tile=ct.reshape(mean, (ROWS,)))
+            ct.store(RSTD, index=(block,), tile=ct.reshape(rstd, (ROWS,)))
+        y = x * rstd
+        if HAS_WEIGHT:
+            y = y * w
+        if HAS_BIAS:
+            y = y + b
+        _st(Y, (block, me), ct.astype(y, Y.dtype), TMA_STORE, LATENCY)
 
 
 @ct.kernel
@@ -946,7 +1043,12 @@ def norm_fwd(x, residual, weight, bias, eps, layernorm: bool):
     M = x.numel() // N
     _check_index_range(x, residual)
     t = _tuning("fwd", N, layernorm, residual is not None, x.device)
-    (x, residual), p, hr = _as_rows((x, residual), N, plan("fwd", M, N, t))
+    sms = sm_count(x.device)
+    # the exchanging slices where the tuning asks for them and their grid fits the SMs, else the
+    # forward of rows in one tile or walked in chunks
+    p = fwd_sync_plan(M, N, t)
+    sync = p is not None and sync_groups(M, p, sms) > 0
+    (x, residual), p, hr = _as_rows((x, residual), N, p if sync else plan("fwd", M, N, t))
     y = torch.empty((M, N), dtype=x.dtype, device=x.device)
     h = torch.empty((M, N), dtype=x.dtype, device=x.device) if residual is not None else None
     rstd = torch.empty(M, dtype=torch.float32, device=x.device)
@@ -959,14 +1061,21 @@ def norm_fwd(x, residual, weight, bias, eps, layernorm: bool):
         mean if mean is not None else _placeholder(x, torch.float32, 1, "mean"), rstd, float(eps),
         layernorm, weight is not None, bias is not None, residual is not None, p.rows, p.width,
     )  # fmt: skip
+    if sync:
+        slots = torch.zeros((M, (1 + int(layernorm)) * p.pieces), dtype=torch.int64, device=x.device)
+        args = args[:8] + (slots,) + args[8:] + (
+            p.pieces, next_pow2(p.pieces), t.tma_load, t.tma_store, t.latency, hr, SPIN_LIMIT,
+        )  # fmt: skip
+        _launch(_kernel(_fwd_sync_kernel, t), (sync_groups(M, p, sms), p.pieces, 1), args)
+        return y, h, mean, rstd
     if hr == 0 and takes_realigned((x, residual), M, N, p, t):
-        programs = PHASES * realigned_programs("fwd", M, p, sm_count(x.device), t)
+        programs = PHASES * realigned_programs("fwd", M, p, sms, t)
         shifted = _shifted_scratch(x, 1 + int(bias is not None), p.width)
         args = args[:9] + (shifted,) + args[9:] + (t.tma_load, t.tma_store, t.latency)
         _launch(_kernel(_fwd_odd_kernel, t), (programs, 1, 1), args)
         return y, h, mean, rstd
     args += (p.wide, t.tma_load, t.tma_store, t.latency, hr)
-    _launch(_kernel(_fwd_kernel, t), (forward_programs(M, p, sm_count(x.device), t), 1, 1), args)
+    _launch(_kernel(_fwd_kernel, t), (forward_programs(M, p, sms, t), 1, 1), args)
     return y, h, mean, rstd
 
 

@@ -7,7 +7,8 @@ every dimension must be a power of two, the grid, and the hints the compiler tak
 
 * ``width``: the tile's columns, ``next_pow2(N)`` while the whole row fits in one tile
   (``fwd_row_max`` / ``bwd_row_max`` elements), else a fixed chunk (forward: the row walked in
-  chunks) or slice (backward: the row cut into column slices, one program each) of that many.
+  chunks) or slice (backward: the row cut into column slices, one program each) of that many;
+  the exchanging forward's slices (``fwd_sync_plan``) are ``fwd_slice`` wide whatever the row max.
 * ``rows``: rows per tile, so that a tile holds about ``*_tile_elements`` elements whatever N is
   (a program moves several narrow rows at once), and at most the largest power of two <= M, so
   that a tile of few rows is not mostly padding. There are ``cdiv(M, rows)`` row blocks: every
@@ -31,6 +32,7 @@ FWD_ROW_MAX = 8192  # elements of a row held in one forward tile
 BWD_ROW_MAX = 4096  # backward: x, dy, dw and db tiles of this width live together
 FWD_CHUNK = 4096  # column chunk of the forward's wide-row path
 BWD_SLICE = 4096  # column slice of the backward's wide-row path
+FWD_SLICE = 8192  # column slice of the exchanging forward (``Tuning.fwd_sync``)
 TILE_ELEMENTS = 4096  # a tile of narrow rows holds about this many elements
 MAX_ROWS = 64
 PROGRAMS_PER_SM = 4
@@ -51,7 +53,12 @@ class Tuning:
     reduction at the end, not one per row block). ``realign``: 16-bit rows whose length is no
     multiple of 8 take the realigned kernels where they apply (``realigned``). ``sync``: the
     backward's column slices exchange their row sums among themselves (one program per SM) instead
-    of reading them from a first kernel (``kernels._bwd_sync_kernel``)."""
+    of reading them from a first kernel (``kernels._bwd_sync_kernel``). ``fwd_sync``: the forward
+    cuts rows wider than ``fwd_slice`` (a power of two) into column slices of that many columns,
+    one program each, that exchange their partial statistics (``kernels._fwd_sync_kernel``, one
+    program per SM; ``fwd_sync_plan``), whatever ``fwd_row_max`` says; where a row has more slices
+    than the GPU has SMs it takes the forward ``fwd_row_max`` and ``fwd_chunk`` give. Its tile
+    rows come from ``fwd_tile_elements`` as the other tiles' do."""
 
     fwd_row_max: int = FWD_ROW_MAX
     bwd_row_max: int = BWD_ROW_MAX
@@ -70,6 +77,8 @@ class Tuning:
     acc_rows: bool = False
     realign: bool = True
     sync: bool = False
+    fwd_sync: bool = False
+    fwd_slice: int = FWD_SLICE
 
 
 # Experiments (tools/experiments/cutile-tuning) set a tuning for every call; None: each call takes
@@ -131,12 +140,26 @@ def backward_groups(m: int, p: Plan, sm_count: int, tuning: Tuning | None = None
 
 
 def sync_groups(m: int, p: Plan, sm_count: int) -> int:
-    """Row groups of the exchanging backward (``Tuning.sync``): its slices wait for each other, so
-    the whole grid must be resident at once, one program per SM; 0 where a row has more slices
-    than the GPU has SMs (the first kernel's sums then)."""
+    """Row groups of the exchanging backward (``Tuning.sync``) and forward (``Tuning.fwd_sync``):
+    their slices wait for each other, so the whole grid must be resident at once, one program per
+    SM; 0 where a row has more slices than the GPU has SMs (the backward then takes the first
+    kernel's sums, the forward the chunked rows)."""
     from harness.spec.occupancy import exchange_groups
 
     return exchange_groups(-(-m // p.rows), p.pieces, sm_count)
+
+
+def fwd_sync_plan(m: int, n: int, tuning: Tuning | None = None) -> Plan | None:
+    """The exchanging forward's tile (``Tuning.fwd_sync``): slices of ``fwd_slice`` columns, rows
+    from ``fwd_tile_elements``; None where the tuning does not ask for it or the row fits one
+    slice. Whether its grid fits the GPU is ``sync_groups``'s question."""
+    t = tuning or Tuning()
+    if not t.fwd_sync or n <= t.fwd_slice:
+        return None
+    if t.fwd_slice < 1 or t.fwd_slice & (t.fwd_slice - 1):
+        raise ValueError(f"fwd_slice must be a power of two, got {t.fwd_slice!r}")
+    rows = min(max(t.fwd_tile_elements // t.fwd_slice, 1), t.max_rows, 1 << (m.bit_length() - 1))
+    return Plan(rows, t.fwd_slice, -(-n // t.fwd_slice))
 
 
 def forward_programs(m: int, p: Plan, sm_count: int, tuning: Tuning | None = None) -> int:
