@@ -9,6 +9,7 @@ records (harness/ops.py) with the checker's comparison and tolerance scales.
 from __future__ import annotations
 
 import os
+import re
 import warnings
 from types import SimpleNamespace
 
@@ -105,7 +106,8 @@ def test_configs_json_is_well_formed():
         hit = configs.table()[gpu][entry][dtype][str(n)]
         assert entry in ENTRIES and dtype in ("bf16", "fp16", "fp32")
         assert hit["kernel"].startswith(entry) and hasattr(kernels, hit["kernel"])
-        assert ("first_pass" in hit) == hit["kernel"].endswith(("_split", "_sync"))
+        assert ("first_pass" in hit) == hit["kernel"].endswith(("_bwd_split", "_bwd_sync"))
+        assert ("sync" in hit) == hit["kernel"].endswith("_fwd_sync")
         configs.Pinned.from_entry(hit, "tuned").helion_config()
 
 
@@ -935,3 +937,168 @@ def test_sm90a_build_refuses_row_lengths_below_one():
                               check=False, capture_output=True, text=True, timeout=300)  # fmt: skip
         assert proc.returncode == 2, proc.stderr[-2000:]
         assert proc.stderr.strip().splitlines()[-1].endswith("error: row lengths must be >= 1, got 0"), proc.stderr
+
+
+# ---------------------------------------------------------------- the exchanging forward (``*_fwd_sync``)
+# An entry naming it: the row kernel's config (the fallback) and its own, 1024-column slices, 2 rows
+# a step; rows of 2504 are three slices, the last of 456 columns (and a multiple of 8: no realigned kernel).
+SYNC_FWD = {"block_sizes": [1], "reduction_loops": [256], "num_warps": 4}
+SYNC_FWD_OWN = {"block_sizes": [2, 1024], "num_warps": 4}
+
+
+def _force_sync_fwd(monkeypatch, op: str) -> str:
+    """Every forward of ``op`` on an entry naming the exchanging forward; returns its name."""
+    family = codegen.KERNELS_OF[op]
+    choice = configs.Pinned(f"{family}_fwd_sync", SYNC_FWD, "test", sync=SYNC_FWD_OWN)
+    monkeypatch.setitem(configs.FORCED, f"{family}_fwd", choice)
+    return choice.kernel
+
+
+@pytest.mark.parametrize("op", NORMS)
+def test_exchanging_forward_falls_back_to_the_row_kernel_on_the_cpu(op, monkeypatch):
+    """On CPU tensors (eager mode runs programs one after another) an entry naming the exchanging
+    forward runs the row kernel with its ``config``, and matches the fp64 reference (fp32
+    parameters)."""
+    _force_sync_fwd(monkeypatch, op)
+    ran = _launched(monkeypatch, compiled=False)
+    case = drawn(op, Shape((6, 2504)), torch.bfloat16, torch.float32, seed=7)
+    assert_passed(reports(kernels, op, "fwd", case), op)
+    assert ran == [f"{codegen.KERNELS_OF[op]}_fwd_kernel"], ran
+
+
+def test_exchanging_forwards_grid_and_fallbacks():
+    """The exchanging forward runs on the backward's grid (groups x slices <= SMs) with the entry's
+    ``sync`` config, LayerNorm with its slices' column counts; none on the CPU, without rows, for an
+    entry naming the row kernel, or where a row's slices outnumber the SMs. An entry naming it
+    without a ``sync`` config is an error, and the field survives the configs.json form."""
+    choice = configs.Pinned("rmsnorm_fwd_sync", SYNC_FWD, sync={"block_sizes": [1, 8192], "num_warps": 8})
+    assert configs.Pinned.from_entry(choice.entry(), "tuned").entry() == choice.entry() and choice.entry()["sync"] == choice.sync
+    x = torch.empty(1, 1, dtype=torch.bfloat16).expand(512, 262144)  # 32 slices
+    config, slots, groups, share, extra, spin = kernels._exchange_grid(configs.fwd_sync_config(choice), x, 2, 132)
+    assert config == {"block_sizes": [1, 8192], "num_warps": 8} and slots.shape == (512, 32, 2) and not slots.any()
+    assert (groups, share, extra, spin) == (4, 128, 0, kernels.SPIN_LIMIT) and groups * 32 <= 132
+    assert kernels._exchange_grid(configs.fwd_sync_config(choice), x, 1, 31) is None  # 32 slices, 31 SMs
+    assert kernels._fwd_exchange(choice, torch.empty(4, 32768), 1) is None  # the CPU
+    assert kernels._fwd_exchange(configs.default_config("rmsnorm_fwd", 32768), torch.empty(4, 32768), 1) is None
+    counts = kernels._slice_counts(2504, 1024, torch.device("cpu"))
+    assert counts.dtype == torch.float32 and counts.tolist() == [1024, 1024, 456]
+    with pytest.raises(ValueError, match="sync"):
+        configs.fwd_sync_config(configs.Pinned("rmsnorm_fwd_sync", SYNC_FWD))
+
+
+def test_forward_table_keeps_the_row_kernels():
+    """No forward entry names the exchanging kernel yet: every GPU's pinned forward at every width,
+    the widest included, is the row kernel (the exchange runs only where an entry pins it)."""
+    for gpu in configs.table():
+        for entry in ("rmsnorm_fwd", "layernorm_fwd"):
+            for n in (16384, 24576, 32768, 49152, 65536, 131072, 262144):
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    assert configs.pinned(entry, n, "bf16", gpu).kernel == f"{entry}_kernel", (gpu, entry, n)
+
+
+def _fwd_exchange_on_cpu(monkeypatch, spin: int) -> dict:
+    """The exchanging forward on CPU tensors, as on a GPU of 3 SMs per slice (3 groups), each wait
+    bounded by ``spin`` re-reads; one slots tensor per shape, zeroed only on its first launch, so
+    that a second launch over the same rows finds every sibling's statistics posted (as on a GPU,
+    where all siblings run at once). Returns the slots by shape."""
+    kept = {}
+
+    def exchange(choice, x, planes):
+        if not choice.kernel.endswith("_fwd_sync"):
+            return None
+        config = configs.fwd_sync_config(choice)
+        grid = kernels._exchange_grid(config, x, planes, 3 * -(-x.shape[1] // config["block_sizes"][1]))
+        slots = kept.setdefault(tuple(grid[1].shape), grid[1])
+        return (grid[0], slots, *grid[2:])
+
+    monkeypatch.setattr(kernels, "_fwd_exchange", exchange)
+    monkeypatch.setattr(kernels, "SPIN_LIMIT", spin)
+    return kept
+
+
+def _forward(k, op: str, case: dict):
+    rec = OPS[op]
+    with poisoned_allocations():
+        return getattr(k, rec.function("fwd"))(*[case[a.name] for a in rec.fwd_args])
+
+
+@TRITON_INTERPRETER
+@pytest.mark.parametrize("op", NORMS)
+def test_exchanging_forward_in_generated_triton(op, monkeypatch, no_libdevice):
+    """The Triton Helion generates for the exchanging forward, under Triton's interpreter, on rows
+    of three slices, the last partial (2504 columns in 1024-column slices), 9 rows in 5 blocks of 2
+    over 3 groups (the last block half empty). Triton's interpreter runs the programs one slice
+    after another: on a first launch the first two slices' programs find their later siblings'
+    slots empty after the bounded wait and give NaN in their columns and statistics (stored by the
+    first slice), not a hang; the last slice's programs find every slot posted and match the row
+    kernel. A second launch over the same rows finds every slot posted from the start, as on a GPU,
+    and matches the fp64 reference throughout: fp32 parameters, then none (fp16 for add_rmsnorm:
+    see test_generated_triton_under_the_interpreter); rows near 1e30 give NaN, not a finite y."""
+    kernel = _force_sync_fwd(monkeypatch, op)
+    ran = _launched(monkeypatch, compiled=True)
+    kept = _fwd_exchange_on_cpu(monkeypatch, spin=4)
+    dtype = torch.float16 if op == "add_rmsnorm" else torch.bfloat16
+    case = drawn(op, Shape((9, 2504)), dtype, torch.float32, seed=8)
+    first = _forward(kernels, op, case)
+    (slots,) = kept.values()
+    assert (slots >> 32 == 1).all(), "every slice posts every row's statistics, waited or not"
+    monkeypatch.setattr(kernels, "_fwd_exchange", lambda choice, x, planes: None)
+    rows = _forward(kernels, op, case)
+    assert ran == [kernel, f"{codegen.KERNELS_OF[op]}_fwd_kernel"], ran
+    y = first[0]
+    assert y[:, :2048].isnan().all() and y[:, 2048:].isfinite().all()
+    torch.testing.assert_close(y[:, 2048:].float(), rows[0][:, 2048:].float(), rtol=2e-2, atol=2e-2)
+    for stat in first[2 if op == "add_rmsnorm" else 1 :]:
+        assert stat.isnan().all(), "the first slice stores the statistics, which waited in vain"
+    if op == "add_rmsnorm":
+        assert torch.equal(first[1], rows[1]), "residual_out needs no exchange"
+    _fwd_exchange_on_cpu(monkeypatch, spin=4).update(kept)  # the slots the first launch posted
+    assert_passed(reports(kernels, op, "fwd", case), f"{op}, slots posted")
+    assert ran[-1] == kernel, ran
+    # the parameters play no part in the statistics: the same slots serve the rows without them
+    bare = {**case, **{p: None for p in OPS[op].params}}
+    assert_passed(reports(kernels, op, "fwd", bare), f"{op} without parameters, slots posted")
+    if op == "add_rmsnorm":  # fp16 holds no value whose square overflows fp32
+        return
+    # rows whose squares overflow fp32: NaN statistics and y in every slice, the other rows finite
+    big = torch.zeros(9, dtype=torch.bool)
+    big[[1, 4]] = True
+    x = case["x"].clone()
+    x[big] = (x[big].float() * 1e30).to(dtype)
+    _fwd_exchange_on_cpu(monkeypatch, spin=4)  # fresh slots: the first launch posts, the second reads
+    _forward(kernels, op, {**case, "x": x})
+    y, *stats = _forward(kernels, op, {**case, "x": x})
+    assert y[big].isnan().all() and y[~big].isfinite().all() and stats[-1][big].isnan().all()
+    assert all(s[~big].isfinite().all() for s in stats)
+
+
+@pytest.mark.parametrize("op", NORMS)
+def test_exchanging_forward_posts_and_waits_in_generated_triton(op):
+    """The exchanging forward's Triton (no GPU needed): each slice's statistics posted by an atomic
+    exchange (LayerNorm posts two), the siblings' read back by an atomic add of 0 in a while loop,
+    the statistics stored under a branch on the slice (one slice stores them)."""
+    family = codegen.KERNELS_OF[op]
+    choice = configs.Pinned(f"{family}_fwd_sync", SYNC_FWD, sync={"block_sizes": [1, 8192], "num_warps": 8})
+    ((kernel, config, args),) = codegen.launches(op, "fwd", choice, codegen.example_args(op, "fwd", 24576, "bf16"))
+    assert kernel.name == f"{family}_fwd_sync"
+    bound = kernel.bind(args)
+    source = bound.to_triton_code(configs.fit(config, bound))
+    assert source.count("tl.atomic_xchg(") == (2 if family == "layernorm" else 1)
+    assert "while while_cond:" in source and source.count("tl.atomic_add(") == 2
+    assert re.search(r"= tile_id\w* == 0\n", source)
+
+
+def test_exchanging_forward_builds_for_sm90a():
+    """The exchanging forwards' generated Triton, built for sm_90a: the atomic exchanges and one
+    loop re-reading the slots. In a process of its own (see test_realigned_kernels_move_whole_vectors)."""
+    import json
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    proc = subprocess.run([sys.executable, "-m", "impls.helion.sm90a_build", "--sync-fwd", "24576"], env=env,
+                          check=False, capture_output=True, text=True, timeout=900)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    built = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert built == {"rmsnorm 24576": [1, 1], "layernorm 24576": [2, 1], "add_rmsnorm 24576": [1, 1]}, built

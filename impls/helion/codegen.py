@@ -43,6 +43,15 @@ def launches(op: str, direction: str, choice: configs.Pinned, args: tuple) -> li
             args = (x, residual, None if residual is None else torch.empty_like(x), w, eps)
         elif op == "rmsnorm":
             args = (args[0], None, *args[1:])
+    if direction == "fwd" and choice.kernel == f"{family}_fwd_sync":
+        # one group of every slice, the slots zeroed (and LayerNorm's slice counts), as the launcher passes them
+        config = configs.fwd_sync_config(choice)
+        m, n = args[0].shape
+        width = config["block_sizes"][1]
+        slots = torch.zeros((m, -(-n // width)) if family == "rmsnorm" else (m, -(-n // width), 2), dtype=torch.int64)
+        grid = (slots, 1, -(-m // config["block_sizes"][0]), 0, kernels.SPIN_LIMIT)
+        counts = () if family == "rmsnorm" else (kernels._slice_counts(n, width, args[0].device),)
+        return [(kernels.rmsnorm_fwd_sync if family == "rmsnorm" else kernels.layernorm_fwd_sync, config, args + counts + grid)]
     if direction == "fwd":
         return [(getattr(kernels, f"{family}_fwd_kernel"), choice.config, args)]
     if choice.kernel == f"{family}_bwd_heads":

@@ -26,6 +26,15 @@ Where the config comes from (``pinned()``):
    backward's row sums), and the split backward's second kernel takes tiles of 128 rows x 1024
    columns, walked 4 rows at a time.
 
+A forward entry may name the exchanging forward (``*_fwd_sync``, ``kernels.py``): its ``config``
+stays the row kernel's (``*_fwd_kernel``, which runs on the CPU, for per-head views and where a
+row's slices outnumber the SMs), and its ``sync`` field is the exchanging kernel's own config,
+block sizes [rows a step, slice width] and its warps (``fwd_sync_config``). No entry names it yet;
+one would read, under "rmsnorm_fwd" -> "bf16" -> "262144":
+``{"kernel": "rmsnorm_fwd_sync", "config": {"block_sizes": [1], "reduction_loops": [8192],
+"num_warps": 16}, "sync": {"block_sizes": [1, 8192], "num_warps": 8}}`` (the fused add's forward
+takes it too).
+
 A backward entry may name the exchanging kernel (``*_bwd_sync``, ``kernels.py``) where it would
 name the split one: its ``config`` and ``first_pass`` are still the split kernels', which run where
 the exchange cannot (on the CPU, or with more slices than SMs), and the exchanging kernel takes the
@@ -100,6 +109,9 @@ class Pinned:
     first_pass: dict | None = field(default=None, hash=False)
     # the realigned kernels' persistent grid: programs per SM (see realigned_programs)
     programs_per_sm: int | None = None
+    # the exchanging forward's own config (``*_fwd_sync``: block sizes [rows a step, slice width]);
+    # ``config`` is then the row kernel's, which runs where the exchange cannot
+    sync: dict | None = field(default=None, hash=False)
 
     def helion_config(self) -> Config:
         return Config(**self.config)
@@ -109,11 +121,15 @@ class Pinned:
         out = {"kernel": self.kernel, "config": self.config}
         if self.programs_per_sm is not None:
             out["programs_per_sm"] = self.programs_per_sm
+        if self.sync is not None:
+            out["sync"] = self.sync
         return out if self.first_pass is None else {**out, "first_pass": self.first_pass}
 
     @staticmethod
     def from_entry(hit: dict, source: str) -> "Pinned":
-        return Pinned(hit["kernel"], hit["config"], source, hit.get("first_pass"), hit.get("programs_per_sm"))
+        return Pinned(
+            hit["kernel"], hit["config"], source, hit.get("first_pass"), hit.get("programs_per_sm"), hit.get("sync")
+        )
 
 
 def _next_pow2(n: int) -> int:
@@ -193,6 +209,14 @@ def sync_config(config: dict) -> dict:
     the slice, its step as the step, on the same warps."""
     _, columns, step = config["block_sizes"]
     return {"block_sizes": [step, columns], **{k: v for k, v in config.items() if k in ("num_warps", "num_stages")}}
+
+
+def fwd_sync_config(choice: Pinned) -> dict:
+    """The exchanging forward's config (block sizes [rows a step, slice width]) of an entry naming
+    it: its ``sync`` field, which such an entry must have."""
+    if choice.sync is None:
+        raise ValueError(f"helion: an entry naming {choice.kernel} needs a 'sync' config (block sizes [rows a step, slice width])")
+    return choice.sync
 
 
 # ---------------------------------------------------------------- the pinned table

@@ -46,6 +46,26 @@ form the normalising loop reads the row again (x, and for add_rmsnorm x and resi
 rather than reading back residual_out, which other threads of the program wrote), as the plain
 RMSNorm re-reads x: the same single-program-per-row structure, with the second read mostly from L2.
 
+``*_fwd_sync``, the forward for wide rows with x (and residual) read once from DRAM: with one row
+per SM in flight, rows of 512 KB (N = 262144 bf16) overflow the L2 and the looped form's second
+pass reads x from DRAM again. Here a row is cut into column slices, one program per slice, each
+holding its slice in registers; the slices of a row exchange their partial statistics through
+global memory exactly as the exchanging backward (below) does: same grid of groups x slices
+programs, each group walking a contiguous run of row blocks; same slots (fp32 bits | 1 << 32 in one
+int64, one atomic exchange, zeroed by the launcher); the next block's loads issued before the
+bounded wait; the slots added in slice order, so every sibling gets the same bits. RMSNorm (and
+the fused add, whose h is rounded and stored as the row kernel does it, its square summed from the
+rounded h) posts sum(h^2). LayerNorm posts two values per slice, its sum and m2 = the sum of squared
+deviations from its own mean (over its n_s valid columns: the last slice may be partial), merged by
+Chan's formula, mean = sum(sum_s) / N, M2 = sum(m2_s) + sum(n_s (mean_s - mean)^2): every term is
+a sum of squares of deviations, so nothing cancels (E[x^2] - mean^2 would where |mean| >> std).
+The slices' column counts come in as a small fp32 vector (one per slice). rstd (and mean) come out
+as the row kernel's (NaN where the statistics overflow); the first slice's programs store them.
+Weight and bias are loaded once per program (its slice never changes). As for the backward, the
+launcher runs it only where every sibling is resident (groups x slices <= SMs), and the row kernel
+where it cannot (the CPU, more slices than SMs); per-head (T, H, N) views keep the kernel over
+tokens and heads.
+
 The backward comes in two shapes; the pinned config says which one a row length uses:
 
 * ``*_bwd_resident``, for rows that fit in registers (N <= 16384): each program owns a block of
@@ -134,6 +154,7 @@ from .configs import (
     FUSED_ADD_ROWS,
     choose,
     choose_realigned,
+    fwd_sync_config,
     heads_config,
     is_odd,
     launch,
@@ -323,10 +344,67 @@ def rmsnorm_bwd_sync(
 
 def _rows_ahead(x, dy, first, end, rows_per_step, cols):
     """x and dy (storage dtype) of the block of rows from ``first`` in an exchanging program's slice;
-    rows from ``end`` on read 0. (``unsqueeze``: see _odd_tile.)"""
+    rows from ``end`` on read 0; dy None (the forward's residual where there is none) stays None.
+    (``unsqueeze``: see _odd_tile.)"""
     rows = first + hl.arange(rows_per_step)
     mask = (rows < end).unsqueeze(1)
-    return hl.load(x, [rows, cols], extra_mask=mask), hl.load(dy, [rows, cols], extra_mask=mask)
+    return hl.load(x, [rows, cols], extra_mask=mask), None if dy is None else hl.load(dy, [rows, cols], extra_mask=mask)
+
+
+@kernel(**COMPILED)
+def rmsnorm_fwd_sync(
+    x: torch.Tensor,
+    residual: torch.Tensor | None,
+    residual_out: torch.Tensor | None,
+    weight: torch.Tensor | None,
+    eps: float,
+    slots: torch.Tensor,
+    groups: int,
+    share: int,
+    extra: int,
+    spin: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """rmsnorm_fwd_kernel for wide rows, x (and residual) read once: ``groups`` x slices programs,
+    each owning one column slice of a group's rows (as in rmsnorm_bwd_sync), posting its slice's
+    sum(h^2) of each row to ``slots`` ((M, slices) int64, zeroed by the caller) and waiting for its
+    siblings' (see the module docstring). The first slice's programs store rstd."""
+    m, n = x.size()
+    n = hl.specialize(n)
+    hl.specialize(slots.size(1))
+    rows_per_step = hl.register_block_size(m)
+    slice_width = hl.register_block_size(n)
+    y = torch.empty([m, n], dtype=x.dtype, device=x.device)
+    rstd = torch.empty([m], dtype=torch.float32, device=x.device)
+    for group, cols in hl.tile([groups, n], block_size=[1, slice_width]):
+        begin = (group.begin * share + min(group.begin, extra)) * rows_per_step
+        end = min(m, ((group.begin + 1) * share + min(group.begin + 1, extra)) * rows_per_step)
+        if weight is not None:
+            w = weight[cols].to(torch.float32)[None, :]  # once per program: its slice never changes
+        budget = hl.full([], spin, dtype=torch.int32)
+        x_next, r_next = _rows_ahead(x, residual, begin, end, rows_per_step, cols)
+        for rows in hl.tile(begin, end, block_size=rows_per_step):
+            xf = x_next.to(torch.float32)
+            if residual is not None:
+                h = (xf + r_next.to(torch.float32)).to(x.dtype)
+                residual_out[rows, cols] = h
+                xf = h.to(torch.float32)  # the statistics of h as stored, as rmsnorm_fwd_kernel
+            hl.atomic_xchg(slots, [rows, cols.id], _posted(torch.sum(xf * xf, dim=-1)))
+            x_next, r_next = _rows_ahead(x, residual, rows.begin + rows_per_step, end, rows_per_step, cols)
+            sums = hl.atomic_add(slots, [rows, slice(None)], 0)
+            tries = hl.zeros([], dtype=torch.int32)
+            while _unposted(sums) & (tries < budget):
+                sums = hl.atomic_add(slots, [rows, slice(None)], 0)
+                tries = tries + 1
+            budget = torch.where(_unposted(sums), 0, budget)
+            ms = torch.sum(_values(sums), dim=-1) / n
+            rstd_rows = torch.where(ms < float("inf"), torch.rsqrt(ms + eps), float("nan"))
+            yf = xf * rstd_rows[:, None]
+            if weight is not None:
+                yf = yf * w
+            y[rows, cols] = yf.to(x.dtype)
+            if cols.id == 0:
+                rstd[rows] = rstd_rows
+    return y, rstd
 
 
 def _posted(value):
@@ -419,7 +497,7 @@ def add_rmsnorm_fwd(x, residual, weight, eps):
     if x.dim() == 3:
         y, rstd = _fwd_heads(rmsnorm_fwd_heads, "rmsnorm_fwd", x, residual, residual_out, weight, eps)
         return y, residual_out, rstd
-    y, rstd = launch(rmsnorm_fwd_kernel, choose("rmsnorm_fwd", x).config, x, residual, residual_out, weight, eps)
+    y, rstd = _rms_fwd(x, residual, residual_out, weight, eps)
     return y, residual_out, rstd
 
 
@@ -429,7 +507,17 @@ def rmsnorm_fwd(x, weight, eps):
         return _launch_realigned(odd, rmsnorm_fwd_odd, x, None, None, weight, eps)
     if x.dim() == 3:
         return _fwd_heads(rmsnorm_fwd_heads, "rmsnorm_fwd", x, None, None, weight, eps)
-    return launch(rmsnorm_fwd_kernel, choose("rmsnorm_fwd", x).config, x, None, None, weight, eps)
+    return _rms_fwd(x, None, None, weight, eps)
+
+
+def _rms_fwd(x, residual, residual_out, weight, eps):
+    """The (M, N) RMSNorm forward (with the fused add where residual is given): the exchanging
+    kernel where the choice names it and ``_fwd_exchange`` lets it run, else the row kernel."""
+    choice = choose("rmsnorm_fwd", x)
+    exchange = _fwd_exchange(choice, x, 1)
+    if exchange is not None:
+        return launch(rmsnorm_fwd_sync, exchange[0], x, residual, residual_out, weight, eps, *exchange[1:])
+    return launch(rmsnorm_fwd_kernel, choice.config, x, residual, residual_out, weight, eps)
 
 
 def _fwd_heads(kernel, entry, x, *args):
@@ -525,6 +613,27 @@ def _exchange(choice, x, planes: int):
     if not choice.kernel.endswith("_bwd_sync") or not x.is_cuda or not x.shape[0]:
         return None
     return _exchange_grid(sync_config(choice.config), x, planes, sm_count(x.device))
+
+
+def _fwd_exchange(choice, x, planes: int):
+    """``_exchange`` for the forward: the exchanging forward's (config, slots, groups, share, extra,
+    spin) for (M, N) rows x, or None where the row kernel runs instead: the choice names the row
+    kernel, x is on the CPU or has no rows, or a row's slices outnumber the SMs."""
+    if not choice.kernel.endswith("_fwd_sync") or not x.is_cuda or not x.shape[0]:
+        return None
+    return _exchange_grid(fwd_sync_config(choice), x, planes, sm_count(x.device))
+
+
+# (N, slice width, device) -> each slice's columns, fp32 (LayerNorm's exchanging forward)
+_COUNTS: dict = {}
+
+
+def _slice_counts(n: int, width: int, device):
+    """The columns of each ``width``-column slice of a row of n, fp32: all ``width`` but the last."""
+    key = (n, width, device)
+    if key not in _COUNTS:
+        _COUNTS[key] = torch.tensor([min(width, n - s) for s in range(0, n, width)], dtype=torch.float32, device=device)
+    return _COUNTS[key]
 
 
 def _exchange_grid(config: dict, x, planes: int, sms: int):
@@ -716,6 +825,77 @@ def layernorm_bwd_sync(
 
 
 @kernel(**COMPILED)
+def layernorm_fwd_sync(
+    x: torch.Tensor,
+    weight: torch.Tensor | None,
+    bias: torch.Tensor | None,
+    eps: float,
+    counts: torch.Tensor,
+    slots: torch.Tensor,
+    groups: int,
+    share: int,
+    extra: int,
+    spin: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """rmsnorm_fwd_sync for LayerNorm: each slice posts its rows' sum and the squared deviations from
+    its own mean, ``slots`` (M, slices, 2), merged by Chan's formula with the slices' column
+    counts ``counts`` ((slices,) fp32; see the module docstring). The first slice's programs store
+    mean and rstd."""
+    m, n = x.size()
+    n = hl.specialize(n)
+    hl.specialize(slots.size(1))
+    hl.specialize(slots.size(2))
+    hl.specialize(counts.size(0))
+    rows_per_step = hl.register_block_size(m)
+    slice_width = hl.register_block_size(n)
+    y = torch.empty([m, n], dtype=x.dtype, device=x.device)
+    mean = torch.empty([m], dtype=torch.float32, device=x.device)
+    rstd = torch.empty([m], dtype=torch.float32, device=x.device)
+    for group, cols in hl.tile([groups, n], block_size=[1, slice_width]):
+        begin = (group.begin * share + min(group.begin, extra)) * rows_per_step
+        end = min(m, ((group.begin + 1) * share + min(group.begin + 1, extra)) * rows_per_step)
+        if weight is not None:
+            w = weight[cols].to(torch.float32)[None, :]
+        if bias is not None:
+            b = bias[cols].to(torch.float32)[None, :]
+        # the last slice may be partial: its lanes past the row must not add (0 - mean)^2
+        in_row = (cols.index < n)[None, :]
+        mine = counts[cols.id]
+        columns = counts[None, :]  # every slice's, for the merge
+        budget = hl.full([], spin, dtype=torch.int32)
+        x_next, _ = _rows_ahead(x, None, begin, end, rows_per_step, cols)
+        for rows in hl.tile(begin, end, block_size=rows_per_step):
+            xf = x_next.to(torch.float32)
+            part = torch.sum(xf, dim=-1)
+            xc_part = torch.where(in_row, xf - (part / mine)[:, None], 0.0)
+            hl.atomic_xchg(slots, [rows, cols.id, 0], _posted(part))
+            hl.atomic_xchg(slots, [rows, cols.id, 1], _posted(torch.sum(xc_part * xc_part, dim=-1)))
+            x_next, _ = _rows_ahead(x, None, rows.begin + rows_per_step, end, rows_per_step, cols)
+            sums = hl.atomic_add(slots, [rows, slice(None), slice(None)], 0)
+            tries = hl.zeros([], dtype=torch.int32)
+            while _unposted(sums) & (tries < budget):
+                sums = hl.atomic_add(slots, [rows, slice(None), slice(None)], 0)
+                tries = tries + 1
+            budget = torch.where(_unposted(sums), 0, budget)
+            sum_s, m2_s = hl.split(_values(sums))
+            mean_rows = torch.sum(sum_s, dim=-1) / n
+            # Chan: the slices' own squared deviations plus each slice's mean's, weighted by its columns
+            apart = sum_s / columns - mean_rows[:, None]
+            var = (torch.sum(m2_s, dim=-1) + torch.sum(columns * apart * apart, dim=-1)) / n
+            rstd_rows = torch.where(var < float("inf"), torch.rsqrt(var + eps), float("nan"))
+            yf = (xf - mean_rows[:, None]) * rstd_rows[:, None]
+            if weight is not None:
+                yf = yf * w
+            if bias is not None:
+                yf = yf + b
+            y[rows, cols] = yf.to(x.dtype)
+            if cols.id == 0:
+                mean[rows] = mean_rows
+                rstd[rows] = rstd_rows
+    return y, mean, rstd
+
+
+@kernel(**COMPILED)
 def layernorm_fwd_heads(
     x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None, eps: float
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -784,7 +964,13 @@ def layernorm_fwd(x, weight, bias, eps):
         return _launch_realigned(odd, layernorm_fwd_odd, x, weight, bias, eps)
     if x.dim() == 3:
         return _fwd_heads(layernorm_fwd_heads, "layernorm_fwd", x, weight, bias, eps)
-    return launch(layernorm_fwd_kernel, choose("layernorm_fwd", x).config, x, weight, bias, eps)
+    choice = choose("layernorm_fwd", x)
+    exchange = _fwd_exchange(choice, x, 2)
+    if exchange is not None:
+        config, *grid = exchange
+        counts = _slice_counts(x.shape[1], config["block_sizes"][1], x.device)
+        return launch(layernorm_fwd_sync, config, x, weight, bias, eps, counts, *grid)
+    return launch(layernorm_fwd_kernel, choice.config, x, weight, bias, eps)
 
 
 def layernorm_bwd(dy, x, weight, mean, rstd):

@@ -3,6 +3,7 @@
 
     python -m impls.helion.sm90a_build --vectors [N ...]
     python -m impls.helion.sm90a_build --sync [N ...]
+    python -m impls.helion.sm90a_build --sync-fwd [N ...]
 
 Helion binds a kernel to CPU tensors and compiles its Triton; running the host function with a
 launcher that only records what it would launch gives the Triton kernel and its arguments, which
@@ -17,7 +18,8 @@ default config and of the element-wise kernel the same rows take without it, as 
 realigned ones must have some, the element-wise ones have none (tests/test_helion.py).
 
 ``--sync`` prints, per op at a wide row length (default 24576, bf16), the exchanging backward's
-(``*_bwd_sync``) atomic exchanges and its waits (``harness.spec.ptx.atomic_waits``), as JSON.
+(``*_bwd_sync``) atomic exchanges and its waits (``harness.spec.ptx.atomic_waits``), as JSON;
+``--sync-fwd`` the same of the exchanging forward (``*_fwd_sync``).
 """
 
 from __future__ import annotations
@@ -97,14 +99,24 @@ def realigned_vectors(n: int = 4001, m: int = 64) -> dict:
 SYNC_SPLIT = {"block_sizes": [128, 4096, 2], "num_warps": 8}
 
 
-def sync_builds(n: int = 24576, m: int = 64) -> dict:
-    """{"op N": [atomic exchanges, waits]} of each op's exchanging backward, built for sm_90a."""
+# the exchanging forward's for --sync-fwd: the row kernel's fallback, and one row a step of
+# 8192-column slices on 8 warps
+SYNC_FWD = {"block_sizes": [1], "reduction_loops": [8192], "num_warps": 16}
+SYNC_FWD_OWN = {"block_sizes": [1, 8192], "num_warps": 8}
+
+
+def sync_builds(n: int = 24576, m: int = 64, direction: str = "bwd") -> dict:
+    """{"op N": [atomic exchanges, waits]} of each op's exchanging backward (or forward), built for
+    sm_90a."""
     out = {}
     for op in ("rmsnorm", "layernorm", "add_rmsnorm"):
         family = codegen.KERNELS_OF[op]
-        choice = configs.Pinned(f"{family}_bwd_sync", SYNC_SPLIT)
-        args = codegen.example_args(op, "bwd", n, "bf16", m)
-        ((kernel, config, kernel_args),) = codegen.launches(op, "bwd", choice, args)
+        if direction == "bwd":
+            choice = configs.Pinned(f"{family}_bwd_sync", SYNC_SPLIT)
+        else:
+            choice = configs.Pinned(f"{family}_fwd_sync", SYNC_FWD, sync=SYNC_FWD_OWN)
+        args = codegen.example_args(op, direction, n, "bf16", m)
+        ((kernel, config, kernel_args),) = codegen.launches(op, direction, choice, args)
         ptx = build(kernel, config, kernel_args).asm["ptx"]
         out[f"{op} {n}"] = [len(re.findall(r"atom\.global[.\w]*\.exch", ptx)), atomic_waits(ptx)]
     return out
@@ -114,15 +126,16 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--vectors", action="store_true", help="print ``realigned_vectors()`` as JSON")
     p.add_argument("--sync", action="store_true", help="print ``sync_builds()`` as JSON")
+    p.add_argument("--sync-fwd", action="store_true", help="print ``sync_builds(direction='fwd')`` as JSON")
     p.add_argument("n", nargs="*", type=int, help="row lengths (default 4001, or 24576 with --sync)")
     a = p.parse_args(argv)
-    if a.vectors == a.sync:
-        p.error("pass one of --vectors and --sync")
+    if a.vectors + a.sync + a.sync_fwd != 1:
+        p.error("pass one of --vectors, --sync and --sync-fwd")
     if any(n < 1 for n in a.n):
         p.error(f"row lengths must be >= 1, got {' '.join(map(str, a.n))}")
     out = {}
-    for n in a.n or [24576 if a.sync else 4001]:
-        out.update(sync_builds(n) if a.sync else realigned_vectors(n))
+    for n in a.n or [4001 if a.vectors else 24576]:
+        out.update(realigned_vectors(n) if a.vectors else sync_builds(n, direction="fwd" if a.sync_fwd else "bwd"))
     print(json.dumps(out))
     return 0
 
