@@ -239,13 +239,15 @@ def _spy_launches(monkeypatch, k) -> list:
     return launched
 
 
-def test_the_forward_keeps_one_program_a_row_until_an_entry_pins_the_exchange(monkeypatch):
-    """Today's plan has no ``FWD_EXCHANGE`` entry: every op's forward of wide rows, 16- and 32-bit,
-    launches ``_fwd_kernel`` (whole row or chunked), as before the exchanging slices existed."""
+def test_the_forward_exchanges_only_where_an_entry_pins_it(monkeypatch):
+    """The plan's ``FWD_EXCHANGE`` entries (RMSNorm and the fused add, 16-bit rows of 49152-131072
+    columns: where the exchange measured faster) launch ``_fwd_sliced_kernel``; every other op,
+    width and dtype launches ``_fwd_kernel`` (whole row or chunked), as before the exchanging slices
+    existed."""
     from impls.gluon import kernels as k
     from impls.gluon import plan as P
 
-    assert P.FWD_EXCHANGE == {}
+    assert set(P.FWD_EXCHANGE) == {(op, 2, b) for op in ("rmsnorm", "add_rmsnorm") for b in (65536, 131072)}
     launched = _spy_launches(monkeypatch, k)
     monkeypatch.setattr(k, "sm_count", lambda device: 132)
     for n in WIDE_FWD_N:
@@ -253,12 +255,14 @@ def test_the_forward_keeps_one_program_a_row_until_an_entry_pins_the_exchange(mo
             x = torch.empty(1, n, dtype=dtype).expand(4, n)  # nothing runs: no memory
             w = torch.empty(n, dtype=dtype)
             for op, call in FWD_CALLS.items():
-                assert P.fwd_exchange_plan(op, n, x.element_size()) is None
+                pinned = op != "layernorm" and dtype == torch.bfloat16 and 32768 < n <= 131072
+                assert (P.fwd_exchange_plan(op, n, x.element_size()) is not None) == pinned, (op, n, dtype)
                 launched.clear()
                 with k.compile_only():
                     call(k, x, w, w)
-                assert [kern for kern, *_ in launched] == [k._fwd_kernel], (op, n, dtype)
-                assert launched[0][3]["CHUNKED"] == P.plan("fwd", n, x.element_size()).wide
+                assert [kern for kern, *_ in launched] == [k._fwd_sliced_kernel if pinned else k._fwd_kernel], (op, n, dtype)
+                if not pinned:
+                    assert launched[0][3]["CHUNKED"] == P.plan("fwd", n, x.element_size()).wide
 
 
 def test_fwd_exchange_plan_reads_its_entry():

@@ -44,8 +44,8 @@ Design decisions:
   starts on what the first pass read last (still in L2). LayerNorm's chunked statistics merge
   per-chunk (mean, sum of squared deviations) pairs (Chan et al.), never E[x^2] - E[x]^2.
   add + RMSNorm's second pass reads the h it stored (from L2) instead of x and the residual.
-* Forward of wide rows, as an option (``plan.FWD_EXCHANGE``, empty until a GPU measurement pins
-  entries per op and row bucket): the chunked forward reads each row twice, and with a row in flight
+* Forward of wide rows, where ``plan.FWD_EXCHANGE`` pins it per op, element size and row bucket
+  (where it measured faster): the chunked forward reads each row twice, and with a row in flight
   per SM, rows of 256 KB and more no longer fit the L2 between the passes. ``_fwd_sliced_kernel``
   cuts the row into column slices, one program each, which read their slice once into registers
   and exchange partial statistics as the wide backward's slices exchange their row sums (the same

@@ -72,9 +72,13 @@ since Volta, not on SM counts or clocks):
 * the wide forward's column slices that exchange their row statistics (``kernels``: each slice read
   once into registers, where the chunked forward reads the row twice, its second pass from an L2
   that rows of 256 KB and more no longer fit) where ``FWD_EXCHANGE`` has an entry for the op, x's
-  element size and the row bucket: slice columns, warps, rows a block, programs per SM. Empty: the
-  one-program-a-row forward runs everywhere until a GPU measurement pins entries
-  (``tools/experiments/gluon-wide-fwd/fwd.py``). The slice tile is a warp's lanes along N in 16-byte
+  element size and the row bucket: slice columns, warps, rows a block, programs per SM. Entries
+  where it measured faster on an H100 (reports/experiments/gluon-wide-fwd/, bf16 and fp16):
+  RMSNorm and the fused add in 16-bit at 49152-131072 columns, on 16384-column slices of 16 warps,
+  one per SM (RMSNorm 69-72 -> 86% at 49152-65536 and 65 -> 74% at 131072, the fused add 80-87 ->
+  85-90%); LayerNorm's exchange lost at every width (the merge of two statistics a slice), and at
+  262144 the 16-slice rows lost to the chunked forward too, so the one-program-a-row forward runs
+  there. The slice tile is a warp's lanes along N in 16-byte
   vectors, its warps along N, its rows repeated within each thread (the posted slots' [rows, slots]
   tile then lies within one warp: a barrier-free wait, as the backward's), so rows whose length is
   no multiple of a vector keep the old forward.
@@ -135,7 +139,10 @@ REALIGNED = {
 # The wide forward's exchanging slices (see above): (op, x's element size, row bucket =
 # next_pow2(N)) -> (slice columns, warps along N, rows a block, programs per SM). A missing entry
 # keeps the one-program-a-row forward; experiments set entries to force a candidate.
-FWD_EXCHANGE: dict = {}
+FWD_EXCHANGE: dict = {
+    ("rmsnorm", 2, 65536): (16384, 16, 1, 1), ("rmsnorm", 2, 131072): (16384, 16, 1, 1),
+    ("add_rmsnorm", 2, 65536): (16384, 16, 1, 1), ("add_rmsnorm", 2, 131072): (16384, 16, 1, 1),
+}  # fmt: skip
 
 
 def next_pow2(n: int) -> int:

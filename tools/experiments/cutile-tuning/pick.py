@@ -6,8 +6,8 @@ Per (op, direction) and N bucket (the tile's width, next_pow2(N); 65536 stands f
 the grid candidate whose worst ratio to the best candidate over the bucket's measured widths is the
 highest: a rule that holds between the points, not the winner of one. The heuristic (a GPU with no
 table of its architecture) is the one candidate per direction with the best worst ratio over every
-op and width. LATER runs (``explore.py wide-fwd``, ``cutile-wide-sync/sync.py``: other candidates at fewer
-widths) replace the grid's pick in every (op, direction, bucket) they measured, picked the same way
+op and width. LATER runs (``explore.py wide-fwd``, ``cutile-wide-sync/sync.py``,
+``cutile-wide-fwd/fwd.py``: other candidates at fewer widths) replace the grid's pick in every (op, direction, bucket) they measured, picked the same way
 among their own candidates. Writes the GPU's entry and the heuristic into impls/cutile/configs.json.
 """
 
@@ -57,7 +57,8 @@ def _candidates(r: dict) -> list[dict]:
     from impls.cutile.plan import Tuning
 
     default = asdict(Tuning())
-    return [{"op": r["op"], "direction": "bwd", "N": r["N"], "frac": r["frac"][name],
+    direction = record_direction(r)
+    return [{"op": r["op"], "direction": direction, "N": r["N"], "frac": r["frac"][name],
              "tuning": {k: v for k, v in t.items() if default[k] != v}}
             for name, t in r["tunings"].items() if name in r["frac"] and not r["checks"].get(name, "pass") != "pass"]  # fmt: skip
 
@@ -126,9 +127,18 @@ def is_sync_run(path: str) -> bool:
         return "tunings" in json.loads(f.readline())
 
 
+def record_direction(r: dict) -> str:
+    """A record's direction: its own field (explore.py's), else that of the script that wrote it:
+    cutile-wide-fwd/fwd.py's candidates exchange in the forward (``fwd_sync``), sync.py's in the
+    backward."""
+    if "direction" in r:
+        return r["direction"]
+    return "fwd" if any(t.get("fwd_sync") for t in r.get("tunings", {}).values()) else "bwd"
+
+
 def direction_of(path: str) -> str:
     with open(path) as f:
-        return json.loads(f.readline()).get("direction", "bwd")
+        return record_direction(json.loads(f.readline()))
 
 
 def main(gpu: str, fwd_path: str, bwd_path: str, *later: str):
