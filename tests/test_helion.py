@@ -104,8 +104,9 @@ def _pinned_points():
 def test_configs_json_is_well_formed():
     for gpu, entry, dtype, n in _pinned_points():
         hit = configs.table()[gpu][entry][dtype][str(n)]
-        assert entry in ENTRIES and dtype in ("bf16", "fp16", "fp32")
-        assert hit["kernel"].startswith(entry) and hasattr(kernels, hit["kernel"])
+        assert (entry in ENTRIES or entry in configs.FALLBACK_ENTRY) and dtype in ("bf16", "fp16", "fp32")
+        # the fused add's forward runs rmsnorm's kernels
+        assert hit["kernel"].startswith(configs.FALLBACK_ENTRY.get(entry, entry)) and hasattr(kernels, hit["kernel"])
         assert ("first_pass" in hit) == hit["kernel"].endswith(("_bwd_split", "_bwd_sync"))
         assert ("sync" in hit) == hit["kernel"].endswith("_fwd_sync")
         configs.Pinned.from_entry(hit, "tuned").helion_config()
@@ -114,7 +115,7 @@ def test_configs_json_is_well_formed():
 @pytest.mark.parametrize("point", _pinned_points() or [pytest.param(None, marks=pytest.mark.skip("no pinned configs"))])
 def test_pinned_config_generates_triton_without_gpu(point):
     gpu, entry, dtype, n = point
-    op, direction = entry.split("_")
+    op, direction = entry.rsplit("_", 1)
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # a pinned point must not fall back to anything
         source = codegen.codegen(op, direction, n, dtype, gpu=gpu)
@@ -291,7 +292,8 @@ def _pin_heads(monkeypatch, compiled: bool) -> None:
     program. Compiled to Triton (for its interpreter) or in Helion's eager mode."""
 
     def variant(entry, x, rows=1.0):
-        family, direction = entry.split("_")
+        # the fused add's (M, N) forward asks for its own entry, which runs rmsnorm's kernels
+        family, direction = configs.FALLBACK_ENTRY.get(entry, entry).split("_")
         if direction == "fwd":
             return configs.Pinned(f"{family}_fwd_kernel", {"block_sizes": [2], "reduction_loops": [None]})
         return configs.Pinned(f"{family}_bwd_heads", {"block_sizes": [4, 2, 1]})
@@ -986,15 +988,90 @@ def test_exchanging_forwards_grid_and_fallbacks():
         configs.fwd_sync_config(configs.Pinned("rmsnorm_fwd_sync", SYNC_FWD))
 
 
-def test_forward_table_keeps_the_row_kernels():
-    """No forward entry names the exchanging kernel yet: every GPU's pinned forward at every width,
-    the widest included, is the row kernel (the exchange runs only where an entry pins it)."""
+H100 = "NVIDIA H100 80GB HBM3"
+WIDE_FWD_N = (16384, 24576, 32768, 32769, 49152, 65536, 131072, 262144)
+
+
+def test_forward_table_pins_the_exchange_for_the_fused_add_only():
+    """The exchanging forward lost for RMSNorm and LayerNorm at every width measured: no entry of
+    theirs names it, on any GPU, and their pinned forward is the row kernel up to the widest rows.
+    The table entries naming it are exactly the H100's fused-add ones above N = 32768."""
+    named = {
+        (gpu, entry, dtype, n)
+        for gpu, entry, dtype, n in _pinned_points()
+        if configs.table()[gpu][entry][dtype][str(n)]["kernel"].endswith("_fwd_sync")
+    }
+    assert named == {(H100, "add_rmsnorm_fwd", "bf16", 65536), (H100, "add_rmsnorm_fwd", "bf16", 262144)}, named
     for gpu in configs.table():
         for entry in ("rmsnorm_fwd", "layernorm_fwd"):
-            for n in (16384, 24576, 32768, 49152, 65536, 131072, 262144):
-                with warnings.catch_warnings():
-                    warnings.simplefilter("ignore")
-                    assert configs.pinned(entry, n, "bf16", gpu).kernel == f"{entry}_kernel", (gpu, entry, n)
+            for n in WIDE_FWD_N:
+                for dtype in ("bf16", "fp16", "fp32"):
+                    with warnings.catch_warnings():
+                        warnings.simplefilter("ignore")
+                        assert configs.pinned(entry, n, dtype, gpu).kernel == f"{entry}_kernel", (gpu, entry, n, dtype)
+
+
+def test_fused_add_forward_has_its_own_entries_on_the_h100():
+    """The H100's fused-add forward: the exchange above N = 32768 (16-bit rows; fp16 borrows bf16's
+    entries), the row kernel at and below it; its row-kernel entries are rmsnorm's (so that a
+    re-tuned rmsnorm table shows up here as a mismatch to re-pin), its exchanging ones keep
+    rmsnorm's config at the key as the fallback. fp32 and a GPU without entries of its own (the
+    H200) take rmsnorm's forward."""
+    table = configs.table()
+    own, rms = table[H100]["add_rmsnorm_fwd"]["bf16"], table[H100]["rmsnorm_fwd"]["bf16"]
+    assert set(own) == set(rms)
+    for key, hit in own.items():
+        if int(key) <= 32768:
+            assert hit == rms[key], key
+        else:
+            assert hit["kernel"] == "rmsnorm_fwd_sync" and hit["config"] == rms[key]["config"], key
+            assert hit["sync"] == {"block_sizes": [1, 8192], "num_warps": 8} and hit["tuned"] == rms[key]["tuned"]
+            assert "reports/experiments/helion-wide-fwd/" in hit["chosen"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the 16-bit points are pinned: no fallback warning
+        for n in (*WIDE_FWD_N, 1, 4096, 8192):
+            for dtype in ("bf16", "fp16"):
+                add = configs.pinned("add_rmsnorm_fwd", n, dtype, H100)
+                assert add.kernel == ("rmsnorm_fwd_sync" if n > 32768 else "rmsnorm_fwd_kernel"), (n, dtype)
+                assert add.config == configs.pinned("rmsnorm_fwd", n, dtype, H100).config, (n, dtype)
+                assert configs.pinned("rmsnorm_fwd", n, dtype, H100).kernel == "rmsnorm_fwd_kernel", (n, dtype)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for gpu, dtype, n in [(H100, "fp32", n) for n in WIDE_FWD_N] + [("NVIDIA H200", "bf16", n) for n in WIDE_FWD_N]:
+            assert configs.pinned("add_rmsnorm_fwd", n, dtype, gpu) == configs.pinned("rmsnorm_fwd", n, dtype, gpu)
+        # past the widest key: rmsnorm's default, as before the add had entries of its own
+        assert configs.pinned("add_rmsnorm_fwd", 2**20, "bf16", H100) == configs.default_config("rmsnorm_fwd", 2**20)
+    assert configs.entry_of("add_rmsnorm", "fwd") == "add_rmsnorm_fwd" and configs.entry_of("add_rmsnorm", "bwd") == "rmsnorm_bwd"
+    assert configs.default_config("add_rmsnorm_fwd", 65536) == configs.default_config("rmsnorm_fwd", 65536)
+
+
+def test_fused_add_forward_reads_its_entry_and_honours_a_forced_rmsnorm_forward(monkeypatch):
+    """The fused add's (M, N) forward asks for "add_rmsnorm_fwd", plain RMSNorm and per-head views
+    for "rmsnorm_fwd". A forced "add_rmsnorm_fwd" wins, else a forced "rmsnorm_fwd" applies to the
+    add as well (tools/experiments/helion-wide-fwd/fwd.py times add_rmsnorm's candidates that way)."""
+    asked = []
+    real = kernels.choose
+
+    def choose(entry, x, rows=1.0):
+        asked.append(entry)
+        return real(entry, x, rows)
+
+    monkeypatch.setattr(kernels, "choose", choose)
+    x, w = torch.randn(4, 256), torch.ones(256)
+    kernels.add_rmsnorm_fwd(x, x.clone(), w, 1e-5)
+    kernels.rmsnorm_fwd(x, w, 1e-5)
+    kernels.add_rmsnorm_fwd(x.view(2, 2, 256), x.view(2, 2, 256).clone(), w, 1e-5)
+    assert asked == ["add_rmsnorm_fwd", "rmsnorm_fwd", "rmsnorm_fwd"], asked
+
+    rms = configs.Pinned("rmsnorm_fwd_kernel", {"block_sizes": [1]}, "rms")
+    add = configs.Pinned("rmsnorm_fwd_sync", SYNC_FWD, "add", sync=SYNC_FWD_OWN)
+    assert real("add_rmsnorm_fwd", x) == configs.default_config("rmsnorm_fwd", 256)  # the CPU
+    monkeypatch.setitem(configs.FORCED, "rmsnorm_fwd", rms)
+    assert real("add_rmsnorm_fwd", x) is rms and real("rmsnorm_fwd", x) is rms
+    monkeypatch.setitem(configs.FORCED, "add_rmsnorm_fwd", add)
+    assert real("add_rmsnorm_fwd", x) is add and real("rmsnorm_fwd", x) is rms
+    assert configs.force("rmsnorm_fwd", None) is rms
+    assert real("add_rmsnorm_fwd", x) is add and real("rmsnorm_fwd", x) == configs.default_config("rmsnorm_fwd", 256)
 
 
 def _fwd_exchange_on_cpu(monkeypatch, spin: int) -> dict:

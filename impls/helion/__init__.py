@@ -10,7 +10,7 @@ IMPLEMENTATIONS = [
             "Helion tile-first kernels (hl.tile over rows, fp32 row reductions; backward with fp32 "
             "dweight/dbias partials per row block), one helion.Config pinned per GPU and N bucket; "
             "add_rmsnorm is the RMSNorm kernels specialized for the residual tensors (the sum rounded "
-            "to x's dtype before the statistics), on RMSNorm's configs; fp32 weights loaded as such; per-head "
+            "to x's dtype before the statistics), on RMSNorm's configs (its wide forward on an entry of its own); fp32 weights loaded as such; per-head "
             "(T, H, N) views tiled over tokens and heads in place; small rows with per-row dweight accumulators"
         ),
         ops=("rmsnorm", "layernorm", "add_rmsnorm", *FP8_OPS),

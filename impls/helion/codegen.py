@@ -91,7 +91,7 @@ def which_gpu(entry: str) -> str | None:
 def codegen(op: str, direction: str, n: int, dtype: str = "bf16", gpu: str | None = None) -> str:
     if op not in KERNELS_OF:  # the FP8-output kernels' configs and arguments are fp8.py's own
         raise ValueError(f"codegen covers {', '.join(KERNELS_OF)}; {op!r} is not one of them")
-    entry = f"{KERNELS_OF[op]}_{direction}"
+    entry = configs.entry_of(op, direction)
     gpu = gpu or which_gpu(entry)
     choice = configs.pinned(entry, n, dtype, gpu) if gpu else configs.default_config(entry, n)
     whose = f"{choice.source} for {gpu}" if choice.source != "default" else "default"

@@ -29,11 +29,11 @@ Where the config comes from (``pinned()``):
 A forward entry may name the exchanging forward (``*_fwd_sync``, ``kernels.py``): its ``config``
 stays the row kernel's (``*_fwd_kernel``, which runs on the CPU, for per-head views and where a
 row's slices outnumber the SMs), and its ``sync`` field is the exchanging kernel's own config,
-block sizes [rows a step, slice width] and its warps (``fwd_sync_config``). No entry names it yet;
-one would read, under "rmsnorm_fwd" -> "bf16" -> "262144":
-``{"kernel": "rmsnorm_fwd_sync", "config": {"block_sizes": [1], "reduction_loops": [8192],
-"num_warps": 16}, "sync": {"block_sizes": [1, 8192], "num_warps": 8}}`` (the fused add's forward
-takes it too).
+block sizes [rows a step, slice width] and its warps (``fwd_sync_config``). Only the fused add's
+entries name it (the H100's above N = 32768: there it read x and residual once and won, while for
+plain RMSNorm it lost at every width, docs/kernels/helion.md), e.g. under "add_rmsnorm_fwd" ->
+"bf16" -> "262144": ``{"kernel": "rmsnorm_fwd_sync", "config": {"block_sizes": [1],
+"reduction_loops": [16384], "num_warps": 32}, "sync": {"block_sizes": [1, 8192], "num_warps": 8}}``.
 
 A backward entry may name the exchanging kernel (``*_bwd_sync``, ``kernels.py``) where it would
 name the split one: its ``config`` and ``first_pass`` are still the split kernels', which run where
@@ -41,8 +41,13 @@ the exchange cannot (on the CPU, or with more slices than SMs), and the exchangi
 split kernel's column tiles as its slices and its rows per step as its own (``sync_config``).
 
 The entry points are rmsnorm's and layernorm's: add_rmsnorm runs rmsnorm's kernels (specialized for
-the residual tensors) with rmsnorm's entries at the same N. The dtype key is x's (what sets a row's
-bytes), whatever the weight's dtype; an fp32 weight is one more (N,) vector per program. The FP8
+the residual tensors) with rmsnorm's entries at the same N, except that its (M, N) forward reads
+"add_rmsnorm_fwd" where the GPU's table has it (``FALLBACK_ENTRY``): it moves twice RMSNorm's row
+tensors, so a kernel that loses for RMSNorm can win for it. Where the two agree its entries are
+copies of rmsnorm's, which ``normbench tune`` does not refresh (copy them again after re-tuning
+RMSNorm; a test compares them). Only its own 16-bit entries are read: fp32 rows and per-head
+(T, H, N) views keep rmsnorm_fwd's. The dtype key is x's (what sets a row's bytes), whatever the
+weight's dtype; an fp32 weight is one more (N,) vector per program. The FP8
 norms (``fp8.py``) have one entry point, ``FP8_ENTRY``, for both groupings and the fused add; with
 no table entries their config is ``fp8_default_config()``, taken without a warning.
 
@@ -69,6 +74,8 @@ grid (``realigned_programs``). Searched by tools/experiments/helion-odd-rows/exp
 
 ``force(entry, choice)`` makes every call of an entry point run one ``Pinned``, whatever the N, GPU
 or dtype, until lifted (experiments: a candidate's check and timing through the contract functions).
+Forcing "rmsnorm_fwd" forces the fused add's forward too, unless "add_rmsnorm_fwd" is forced itself:
+the experiments time add_rmsnorm's candidates by forcing rmsnorm's entry.
 
 On the CPU nothing is compiled: ``launch()`` runs the same kernel code in Helion's eager reference
 mode (what HELION_INTERPRET=1 selects; here it is chosen by the tensors' device, so it does not
@@ -180,10 +187,25 @@ def fp8_default_config(n: int) -> Pinned:
     return Pinned("rmsnorm_fp8_row_kernel", {"block_sizes": [1], "reduction_loops": [8192], "num_warps": 32})
 
 
+# An entry point that runs another's kernels, read in the table where a GPU pins it and else
+# replaced by that other (in the table, the defaults and ``force``): the fused add's forward, whose
+# table entries may differ from RMSNorm's (see the module docstring).
+FALLBACK_ENTRY = {"add_rmsnorm_fwd": "rmsnorm_fwd"}
+
+
+def entry_of(op: str, direction: str) -> str:
+    """The entry point an op's (M, N) rows read in the table: the fused add's forward its own
+    (``FALLBACK_ENTRY``), its backward rmsnorm's."""
+    if op == "add_rmsnorm":
+        return "add_rmsnorm_fwd" if direction == "fwd" else "rmsnorm_bwd"
+    return f"{op}_{direction}"
+
+
 def default_config(entry: str, n: int) -> Pinned:
     """The documented fallback (see the module docstring), from the row length alone."""
     if entry == FP8_ENTRY:
         return fp8_default_config(n)
+    entry = FALLBACK_ENTRY.get(entry, entry)
     op, direction = entry.split("_")
     width = _next_pow2(n)
     if direction == "fwd":
@@ -255,11 +277,34 @@ def bucket(n: int, tuned: list[int]) -> int | None:
 def pinned(entry: str, n: int, dtype: str, gpu: str, capability=None) -> Pinned:
     """The config ``entry`` (e.g. "rmsnorm_bwd") runs with for rows of length n on ``gpu``: from the
     table ``harness.spec.tuned`` picks (this GPU's, else one of a GPU of the same compute capability),
-    else the default."""
+    else the default. An entry of ``FALLBACK_ENTRY`` takes its own bucket in x's dtype or the one of
+    the same size, else its fallback's config: its entries were measured on 16-bit rows only, so
+    fp32 does not borrow them."""
+    if entry in FALLBACK_ENTRY:
+        own = _from_table(entry, n, dtype, gpu, capability, any_dtype=False)
+        return own or pinned(FALLBACK_ENTRY[entry], n, dtype, gpu, capability)
+    hit = _from_table(entry, n, dtype, gpu, capability, any_dtype=True)
+    if hit is not None:
+        return hit
+    fallback = default_config(entry, n)
+    if entry == FP8_ENTRY:
+        return fallback
+    _warn_once(
+        (entry, gpu, dtype, n),
+        f"helion {entry}: no tuned config for {gpu} ({dtype}, N={n}) in {CONFIG_FILE.name}; "
+        f"using the default config {fallback.config} (run `normbench tune --impl helion` on this GPU)",
+    )
+    return fallback
+
+
+def _from_table(entry: str, n: int, dtype: str, gpu: str, capability, any_dtype: bool) -> Pinned | None:
+    """``pinned``'s table entry for ``entry`` at n's bucket: in x's dtype or the same-size one, then
+    (``any_dtype``) in any tuned dtype at the bucket of rows of the same bytes, with a warning; None
+    where there is none."""
     table_gpu, how = table_for(gpu, table(), capability)
     by_dtype = table().get(table_gpu, {}).get(entry, {}) if table_gpu else {}
     borrowed = "" if how == "tuned" else f", {how}"
-    for candidate in (dtype, SAME_SIZE.get(dtype), *sorted(by_dtype)):
+    for candidate in (dtype, SAME_SIZE.get(dtype), *(sorted(by_dtype) if any_dtype else ())):
         same_bytes_n = max(1, n * ITEMSIZE[dtype] // ITEMSIZE.get(candidate, ITEMSIZE[dtype]))
         keys = by_dtype.get(candidate or "", {})
         if n % HEADS_MIN_MULTIPLE:
@@ -274,15 +319,7 @@ def pinned(entry: str, n: int, dtype: str, gpu: str, capability=None) -> Pinned:
                 f"helion {entry}: no {dtype} config tuned for {table_gpu} at N={n}; using the {candidate} one of rows of the same bytes (N bucket {b})",
             )
             return Pinned.from_entry(hit, f"tuned for {candidate}{borrowed}")
-    fallback = default_config(entry, n)
-    if entry == FP8_ENTRY:
-        return fallback
-    _warn_once(
-        (entry, gpu, dtype, n),
-        f"helion {entry}: no tuned config for {gpu} ({dtype}, N={n}) in {CONFIG_FILE.name}; "
-        f"using the default config {fallback.config} (run `normbench tune --impl helion` on this GPU)",
-    )
-    return fallback
+    return None
 
 
 def _warn_once(key, message: str) -> None:
@@ -422,7 +459,9 @@ FORCED: dict[str, Pinned] = {}
 
 def force(entry: str, choice: Pinned | None) -> Pinned | None:
     """Every call of ``entry`` (e.g. "rmsnorm_bwd", which add_rmsnorm's backward runs too) runs
-    ``choice`` from now on, whatever the N, GPU or dtype; None lifts it. Returns the previous one."""
+    ``choice`` from now on, whatever the N, GPU or dtype; None lifts it. Returns the previous one.
+    Forcing "rmsnorm_fwd" forces the fused add's (M, N) forward too, unless "add_rmsnorm_fwd" is
+    forced itself (``choose``)."""
     old = FORCED.pop(entry, None)
     if choice is not None:
         FORCED[entry] = choice
@@ -434,9 +473,13 @@ def choose(entry: str, x: torch.Tensor, rows: float = 1.0) -> Pinned:
     ``rows``: the row tensors the kernel stages per row, over what the entry was tuned with: the
     fused add's backward stages dresidual_out beside dy and residual_out (1.5), so it may take the
     config of rows 1.5x as long, as fp32 takes that of rows twice as long, where that is measured to
-    pay (``fused_pinned``). A forced choice (``force``) comes back as it is."""
-    if FORCED and entry in FORCED:
-        return FORCED[entry]
+    pay (``fused_pinned``). A forced choice (``force``) comes back as it is: the entry's own, else
+    its fallback's (``FALLBACK_ENTRY``), ahead of either's table entry, so that an experiment forcing
+    rmsnorm's forward times the fused add's with it as before the add had entries of its own."""
+    if FORCED:
+        for forced in (entry, FALLBACK_ENTRY.get(entry)):
+            if forced in FORCED:
+                return FORCED[forced]
     n = x.shape[-1]
     key = (entry, x.dtype, n, x.device, rows)
     choice = _CHOICE.get(key)
@@ -491,7 +534,7 @@ def source(op: str, direction: str, n: int, dtype: str, device) -> str:
     if dtype in SAME_SIZE and is_odd(n, torch.bfloat16):  # (M, N) rows take the realigned kernels
         gpu = torch.cuda.get_device_name(device)
         return "realigned, " + realigned_pinned(op, direction, n, gpu, capability_of(device)).source
-    entry = f"{'rmsnorm' if op == 'add_rmsnorm' else op}_{direction}"
+    entry = entry_of(op, direction)
     rows = FUSED_ADD_ROWS[direction] if op == "add_rmsnorm" else 1.0  # the benchmark's backward has a dresidual_out
     return fused_pinned(entry, n, dtype, torch.cuda.get_device_name(device), capability_of(device), rows).source
 

@@ -512,8 +512,10 @@ def rmsnorm_fwd(x, weight, eps):
 
 def _rms_fwd(x, residual, residual_out, weight, eps):
     """The (M, N) RMSNorm forward (with the fused add where residual is given): the exchanging
-    kernel where the choice names it and ``_fwd_exchange`` lets it run, else the row kernel."""
-    choice = choose("rmsnorm_fwd", x)
+    kernel where the choice names it and ``_fwd_exchange`` lets it run, else the row kernel. The
+    fused add reads its own entry point, which falls back to rmsnorm's (``configs.FALLBACK_ENTRY``):
+    reading x and residual once pays off for it where it does not for RMSNorm."""
+    choice = choose("rmsnorm_fwd" if residual is None else "add_rmsnorm_fwd", x)
     exchange = _fwd_exchange(choice, x, 1)
     if exchange is not None:
         return launch(rmsnorm_fwd_sync, exchange[0], x, residual, residual_out, weight, eps, *exchange[1:])
