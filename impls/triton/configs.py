@@ -235,7 +235,8 @@ def candidates(direction: str, n: int) -> list[Config]:
 # forward by tools/experiments/triton-wide-fwd/fwd.py: 8192-column slices (32 slices, the most one
 # warp's slots hold, at N = 262144) on 8 warps with one or two blocks loaded ahead, and on 16 warps
 # with two. Built for sm_90a none spills (16384-column slices on 16 warps do, for LayerNorm and
-# the fused add). Not in ``candidates()``: nothing is searched or pinned with them until measured.
+# the fused add). Not in ``candidates()`` (``normbench tune`` does not search them); the H100 table
+# pins the last for the fused add at 131072, where it measured faster (docs/kernels/triton.md).
 FWD_EXCHANGE = (
     Config(rows=1, warps=8, slice=8192, sync=True),
     Config(rows=1, warps=8, slice=8192, sync=True, ahead=2),
