@@ -663,13 +663,19 @@ def realigned_grid(cfg: Config, m: int, vec: int, device) -> int:
     return max(programs, 1) * vec
 
 
+def slots_fit(rows: int, slices: int) -> bool:
+    """Whether a block's slots (rows x slices, padded to a power of two) fit one warp, as the
+    exchanging kernels' wait needs (``_await_slots``), forward and backward."""
+    return rows * triton.next_power_of_2(slices) <= SYNC_SLOTS_MAX
+
+
 def exchange_grid(cfg: Config, m: int, n: int, sms: int) -> tuple[int, int]:
     """(row groups, slices) of the exchanging sliced forward (``_norm_fwd_sync_kernel``): a grid of
     groups x slices programs, one per SM, so that every sibling a program waits for is resident
     (``exchange_groups``). Groups 0 where it cannot run: a row's slices outnumber the SMs, or a
     block's slots (rows x slices, padded to a power of two) do not fit one warp (``_await_slots``)."""
     slices = triton.cdiv(n, cfg.slice)
-    if cfg.rows * triton.next_power_of_2(slices) > SYNC_SLOTS_MAX:
+    if not slots_fit(cfg.rows, slices):
         return 0, slices
     return exchange_groups(triton.cdiv(m, cfg.rows), slices, sms), slices
 
@@ -1148,7 +1154,7 @@ def launch_bwd(cfg: Config, dy, x, weight, mean, rstd, layernorm: bool, dx, sums
     # hold (or on the interpreter, whose programs run one after another), the row sums come from the
     # first kernel instead.
     sync = (bool(cfg.slice and cfg.sync) and x.is_cuda and slices <= sm_count(x.device)
-            and cfg.rows * triton.next_power_of_2(slices) <= SYNC_SLOTS_MAX)  # fmt: skip
+            and slots_fit(cfg.rows, slices))  # fmt: skip
     # Several exchanging programs per SM (``cfg.programs_per_sm``) only once the binary has said that
     # an SM holds them: the first launch of each binary (keyed by what specializes it: the dtypes,
     # flags, strides and 16-byte alignments) runs one per SM
