@@ -814,9 +814,10 @@ def test_realigned_kernels_move_16_byte_vectors(gluon_kernels, monkeypatch, n, d
 def test_exchanging_forward_compiles_with_one_post_per_statistic_and_a_barrier_free_wait(gluon_kernels, monkeypatch):
     """Pinned (8192-column slices on 8 warps), every op's forward compiles for sm_90a (bf16 rows with
     fp32 weights, fp32 rows) to the slice kernel alone: one atomic exchange per posted statistic
-    (LayerNorm two), volatile re-reads of the slots in wait loops without a barrier, 128-bit loads;
+    (LayerNorm two), volatile re-reads of the slots in one wait loop without a barrier (LayerNorm's
+    two planes polled together), 128-bit loads;
     its 24 and 32 slices of 16-bit rows share a binary (the slot tile is 32 wide)."""
-    from harness.spec.ptx import spin_barriers
+    from harness.spec.ptx import poll_loops, spin_barriers
 
     k = gluon_kernels
     monkeypatch.setattr(k, "SM_COUNT_WITHOUT_GPU", 132)  # as on an H100: the grid holds 32 slices
@@ -824,6 +825,7 @@ def test_exchanging_forward_compiles_with_one_post_per_statistic_and_a_barrier_f
         _pin_fwd_exchange(monkeypatch, n, torch.empty(0, dtype=dtype).element_size(), (8192, 8, 1, 1))
         x = torch.randn(2, n).to(dtype)
         w, b = torch.randn(n), torch.randn(n)
+        polls = {}
         for op, call in FWD_CALLS.items():
             with k.compile_only() as compiled:
                 call(k, x, w, b)
@@ -835,6 +837,10 @@ def test_exchanging_forward_compiles_with_one_post_per_statistic_and_a_barrier_f
             assert posts == (2 if op == "layernorm" else 1), (op, n, posts)
             assert "ld.volatile.global.b64" in ptx and spin_barriers(ptx) == 0, (op, n)
             assert "ld.global.v4" in ptx and "st.global.v4" in ptx, (op, n)
+            polls[op] = poll_loops(ptx)
+        # one wait loop; LayerNorm's polls both planes in it (twice RMSNorm's loads, one loop)
+        assert all(len(p) == 1 for p in polls.values()), (n, polls)
+        assert polls["layernorm"][0] == 2 * polls["rmsnorm"][0], (n, polls)
 
 
 def _fwd_exchange_on_the_cpu(monkeypatch, n: int, elem_size: int, entry: tuple) -> list:

@@ -166,35 +166,43 @@ def test_pinned_exchanging_backwards_fit_the_programs_per_sm_they_ask_for():
 
 
 def test_exchanging_forward_builds_post_and_wait_within_each_warp():
-    """The exchanging forward's candidates (``configs.FWD_EXCHANGE``), built for sm_90a at
-    N = 262144 (32 slices: 32 slots, one warp's worth) and one at N = 20000 (3 slices, the last
-    short): one atomic exchange per posted value (LayerNorm posts two), a volatile poll per wait,
-    no barrier inside a wait loop (``kernels._await_slots``), no spill, and 16-byte loads."""
+    """The exchanging forward's candidates (``configs.FWD_EXCHANGE``), built for sm_90a at the
+    widest N up to 262144 whose slots fit one warp (8192-column slices: 32 slices, one warp's worth)
+    and the first at N = 20000 (3 slices, the last short): one atomic exchange per posted value
+    (LayerNorm posts two), one wait loop polling every posted plane (LayerNorm's two together:
+    ``kernels._await_slots``), no barrier inside a wait loop, 16-byte loads, and no spill
+    in the configs a table pins."""
     code = """
 import json, re
-from harness.spec.ptx import spin_barriers
-from impls.triton import configs as C, sm90a_build as B
+from impls.triton import sm90a_build as B  # first: it sets up the compile-only target
+from harness.spec.ptx import poll_loops, spin_barriers
+from impls.triton import configs as C, kernels as K
 out = {}
 for op in ("rmsnorm", "layernorm", "add_rmsnorm"):
     for i, cfg in enumerate(C.FWD_EXCHANGE):
-        for n in (262144, 20000) if i == 0 else (262144,):
+        widest = max(n for n in (65536, 131072, 262144) if K.slots_fit(cfg.rows, -(-n // cfg.slice)))
+        for n in (widest, 20000) if i == 0 else (widest,):
             k = B.build_config(op, "fwd", n, cfg)
             ptx = k.asm["ptx"]
-            out[f"{op} {n} {i}"] = dict(exch=len(re.findall(r"atom[.\\w]*\\.exch", ptx)), polls=ptx.count("ld.volatile.global"),
+            out[f"{op} {n} {i}"] = dict(exch=len(re.findall(r"atom[.\\w]*\\.exch", ptx)), loops=poll_loops(ptx),
                                         barriers=spin_barriers(ptx), stack=B.resources(k)[1],
-                                        v4=len(re.findall(r"ld\\.global[.\\w]*\\.v4", ptx)))
+                                        v4=len(re.findall(r"ld\\.global[.\\w]*\\.v4", ptx)),
+                                        pinned=any(C.lookup(g, op, "fwd", w) == cfg for g in C.pinned_table()
+                                                   for w in (16384, 32768, 65536, 131072, 262144)))
 print(json.dumps(out))
 """
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     proc = subprocess.run([sys.executable, "-c", code], env=env, check=False, capture_output=True, text=True,
-                          timeout=600)  # fmt: skip
+                          timeout=900)  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-2000:]
     built = json.loads(proc.stdout.strip().splitlines()[-1])
     assert len(built) == 3 * (len(C.FWD_EXCHANGE) + 1)
+    assert any(b["pinned"] for b in built.values()), "no pinned config among the candidates"
     for key, b in built.items():
         posts = 2 if key.startswith("layernorm") else 1
-        assert b["exch"] == posts and b["polls"] >= posts, (key, b)
-        assert b["barriers"] == 0 and b["stack"] == 0 and b["v4"] > 0, (key, b)
+        assert b["exch"] == posts and b["loops"] == [posts], (key, b)  # one wait loop polling each plane
+        assert b["barriers"] == 0 and b["v4"] > 0, (key, b)
+        assert not b["pinned"] or b["stack"] == 0, (key, b)
 
 
 def test_exchanging_forward_grid_keeps_every_sibling_resident():

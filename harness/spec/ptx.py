@@ -26,6 +26,24 @@ def spin_barriers(ptx: str) -> int | None:
     return count
 
 
+def poll_loops(ptx: str) -> list[int]:
+    """The volatile global loads inside each loop that re-reads one (a wait for other programs'
+    posts, found as ``spin_barriers`` finds them), one count per loop: a wait that polls two planes
+    of slots in each round is one loop of 2, where waiting for one plane and then the other is two
+    loops of 1."""
+    lines = ptx.splitlines()
+    loops, seen = [], set()
+    for first in (i for i, line in enumerate(lines) if "ld.volatile.global" in line):
+        head = next((i for i in range(first, len(lines)) if lines[i].startswith("$L__BB")), None)
+        if head is None or head in seen:
+            continue
+        seen.add(head)
+        back = next(iter(_back_edges(lines, head)), None)
+        if back is not None:
+            loops.append(sum("ld.volatile.global" in line for line in lines[head:back]))
+    return loops
+
+
 def atomic_waits(ptx: str) -> int:
     """Loops that re-read global memory with an atomic add and post nothing (no atomic exchange in
     them): a program waiting for other programs' posts where there is no volatile load to poll

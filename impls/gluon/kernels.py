@@ -500,29 +500,44 @@ def _publish(SLOT, value, row_mask):
 
 
 @gluon.jit
-def _await_slots(slots, mask, spin):
-    """The posted values of ``slots`` ([rows, slices] pointers; 0 outside ``mask``), once all have
-    posted: re-read (volatile: from L2) until every slot carries its flag. The slots lie within one
-    warp in the sliced tiles' layout, so every warp waits on its own copy, which once complete is
-    final (a slot only goes from empty to posted); spread over warps, the exit test would be a
-    reduction across copies read at different moments. Bounded (``spin`` re-reads, 0 once run
-    out): a sibling that never posts gives NaN values, a visibly wrong result, not a hang."""
-    v = gl.load(slots, mask=mask, other=4294967296, volatile=True)
-    tries = 0
-    while (gl.reduce(gl.reduce(v >> 32, 1, _min), 0, _min) == 0) & (tries < spin):
-        v = gl.load(slots, mask=mask, other=4294967296, volatile=True)
-        tries += 1
-    posted = gl.reduce(gl.reduce(v >> 32, 1, _min), 0, _min) != 0
-    value = gl.where((v >> 32) == 0, float("nan"), v.to(gl.int32).to(gl.float32, bitcast=True))
-    return value, gl.where(posted, spin, 0)
+def _posted(v):
+    """The fp32 value in a slot's low half; NaN where the slot was never posted."""
+    return gl.where((v >> 32) == 0, float("nan"), v.to(gl.int32).to(gl.float32, bitcast=True))
 
 
 @gluon.jit
-def _await_sums(slots, mask, spin):
-    """The rows' sums over every slice, once all have posted (``_await_slots``), added in slice
-    order: the same bits in every sibling."""
-    value, spin = _await_slots(slots, mask, spin)
-    return _sum(value, axis=1), spin
+def _await_slots(slots, plane, mask, spin, PLANES: gl.constexpr):
+    """The posted values of ``slots`` ([rows, slices] pointers; 0 outside ``mask``), once all have
+    posted: re-read (volatile: from L2) until every slot carries its flag. With ``PLANES`` = 2
+    (LayerNorm's two statistics, the second plane ``plane`` slots on) both planes are re-read in
+    every round and both values come back: one L2 round trip a round, where waiting for one plane
+    and then the other took two (the second is posted with the first, so its own wait was a round
+    trip that found it there); with one plane the second value is the first's. The slots lie
+    within one warp in the sliced tiles' layout, so every warp waits on its own copy, which once
+    complete is final (a slot only goes from empty to posted); spread over warps, the exit test
+    would be a reduction across copies read at different moments. Bounded (``spin`` re-reads, 0
+    once run out): a sibling that never posts gives NaN values, a visibly wrong result, not a hang."""
+    v = gl.load(slots, mask=mask, other=4294967296, volatile=True)
+    u = v
+    if PLANES == 2:
+        u = gl.load(slots + plane, mask=mask, other=4294967296, volatile=True)
+    tries = 0
+    while (gl.reduce(gl.reduce((v & u) >> 32, 1, _min), 0, _min) == 0) & (tries < spin):
+        v = gl.load(slots, mask=mask, other=4294967296, volatile=True)
+        u = v
+        if PLANES == 2:
+            u = gl.load(slots + plane, mask=mask, other=4294967296, volatile=True)
+        tries += 1
+    posted = gl.reduce(gl.reduce((v & u) >> 32, 1, _min), 0, _min) != 0
+    return _posted(v), _posted(u), gl.where(posted, spin, 0)
+
+
+@gluon.jit
+def _await_sums(slots, plane, mask, spin, PLANES: gl.constexpr):
+    """The rows' sums over every slice of each plane, once all have posted (``_await_slots``),
+    added in slice order: the same bits in every sibling."""
+    a, b, spin = _await_slots(slots, plane, mask, spin, PLANES)
+    return _sum(a, axis=1), _sum(b, axis=1), spin
 
 
 @gluon.jit(do_not_specialize=["M"])
@@ -589,10 +604,8 @@ def _bwd_kernel(
                 _publish(ROW_SUMS + own, _sum(g * xc, axis=1), row_mask)
                 if LAYERNORM:
                     _publish(ROW_SUMS + M * SLICES + own, _sum(g, axis=1), row_mask)
-                sum_gxc, spin = _await_sums(ROW_SUMS + at, sums_mask, spin)
-                sum_g = sum_gxc
-                if LAYERNORM:
-                    sum_g, spin = _await_sums(ROW_SUMS + M * SLICES + at, sums_mask, spin)
+                # LayerNorm's two sums in one wait (``_await_slots``); RMSNorm's second is its first
+                sum_gxc, sum_g, spin = _await_sums(ROW_SUMS + at, M * SLICES, sums_mask, spin, 1 + LAYERNORM)
             else:
                 sum_gxc = _sum(gl.load(ROW_SUMS + at, mask=sums_mask, other=0.0), axis=1)
                 sum_g = _sum(gl.load(ROW_SUMS + M * SLICES + at, mask=sums_mask, other=0.0), axis=1)
@@ -781,8 +794,7 @@ def _fwd_sliced_kernel(
             dev = gl.where(mask, x - gl.expand_dims(part / own_count, 1), 0.0)
             _publish(SUMS + first_slot + me, part, row_mask)
             _publish(M2S + first_slot + me, _sum(dev * dev, axis=1), row_mask)
-            sums, spin = _await_slots(SUMS + slots, slots_mask, spin)
-            m2s, spin = _await_slots(M2S + slots, slots_mask, spin)
+            sums, m2s, spin = _await_slots(SUMS + slots, M * SLICES, slots_mask, spin, 2)  # M2S is SUMS + M * SLICES
             mean = _sum(sums, axis=1) / N
             # Chan et al.: M2 = sum of the slices' M2 + sum of n_s (mean_s - mean)^2, never
             # E[x^2] - E[x]^2 (cancels badly); slots past the last slice count 0 columns
@@ -792,7 +804,7 @@ def _fwd_sliced_kernel(
             rstd = _rstd(m2, N, eps)
         else:
             _publish(SUMS + first_slot + me, _sum(x * x, axis=1), row_mask)
-            sum_sq, spin = _await_sums(SUMS + slots, slots_mask, spin)
+            sum_sq, _, spin = _await_sums(SUMS + slots, 0, slots_mask, spin, 1)
             rstd = _rstd(sum_sq, N, eps)
         stats_mask = rows < stats_end
         if LAYERNORM:

@@ -234,13 +234,17 @@ def candidates(direction: str, n: int) -> list[Config]:
 # The exchanging sliced forward's candidates (``sync`` with ``slice``), timed against the pinned
 # forward by tools/experiments/triton-wide-fwd/fwd.py: 8192-column slices (32 slices, the most one
 # warp's slots hold, at N = 262144) on 8 warps with one or two blocks loaded ahead, and on 16 warps
-# with two. Built for sm_90a none spills (16384-column slices on 16 warps do, for LayerNorm and
-# the fused add). Not in ``candidates()`` (``normbench tune`` does not search them); the H100 table
-# pins the last for the fused add at 131072, where it measured faster (docs/kernels/triton.md).
+# with two; two rows a block on 8 and 16 warps (twice the bytes per exchange; at most 16 slices);
+# 16384-column slices on 16 warps (RMSNorm's build does not spill; LayerNorm's and the fused add's
+# do). Not in ``candidates()`` (``normbench tune`` does not search them); the H100 table pins the
+# exchange where it measured faster (docs/kernels/triton.md).
 FWD_EXCHANGE = (
     Config(rows=1, warps=8, slice=8192, sync=True),
     Config(rows=1, warps=8, slice=8192, sync=True, ahead=2),
     Config(rows=1, warps=16, slice=8192, sync=True, ahead=2),
+    Config(rows=2, warps=8, slice=8192, sync=True),
+    Config(rows=2, warps=16, slice=8192, sync=True),
+    Config(rows=1, warps=16, slice=16384, sync=True),
 )
 
 

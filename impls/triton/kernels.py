@@ -347,13 +347,23 @@ def _publish(SLOTS, slot, value, row_mask):
 
 
 @triton.jit
-def _await_slots(SLOTS, rows64, SLICES, SLICES_P2: tl.constexpr, row_mask, spin):
+def _posted(v):
+    """The fp32 value in a slot's low half; NaN where the slot was never posted."""
+    return tl.where((v >> 32) == 0, float("nan"), v.to(tl.int32).to(tl.float32, bitcast=True))
+
+
+@triton.jit
+def _await_slots(SLOTS, PLANE, rows64, SLICES, SLICES_P2: tl.constexpr, row_mask, spin, PLANES: tl.constexpr):
     """Every slice's posted value of each row, [rows, SLICES_P2] (padding lanes and masked rows 0),
     once all have posted: the slots of each row re-read (volatile: from L2, never a stale L1 line)
-    until all carry the flag. The wait is bounded (``spin`` re-reads; what is left of it comes
-    back, 0 once it ran out, so that a program waits out one bound at most): a sibling that never
-    posts (only if the grid outgrew the resident programs, which the launchers prevent) leaves its
-    value NaN, so that the row's result is visibly wrong, not a hang.
+    until all carry the flag. With ``PLANES`` = 2 (LayerNorm's two statistics, the second plane
+    ``PLANE`` slots on) both planes are re-read in every round and both values come back: one L2
+    round trip a round, where waiting for one plane and then the other took two (the second plane
+    is posted with the first, so its own wait was a round trip that found it there). With one
+    plane, the second value is the first's. The wait is bounded (``spin`` re-reads; what is left of
+    it comes back, 0 once it ran out, so that a program waits out one bound at most): a sibling
+    that never posts (only if the grid outgrew the resident programs, which the launchers prevent)
+    leaves its value NaN, so that the row's result is visibly wrong, not a hang.
 
     The slots must fit one warp (``SYNC_SLOTS_MAX``): then every warp holds its own copy of them
     and leaves the loop once its copy is complete, which is final, as a slot only ever goes from
@@ -366,22 +376,27 @@ def _await_slots(SLOTS, rows64, SLICES, SLICES_P2: tl.constexpr, row_mask, spin)
     mask = row_mask[:, None] & (k < SLICES)[None, :]
     posted = tl.full([1, SLICES_P2], 1, tl.int64) << 32  # what padding lanes and masked rows read as
     v = tl.load(slots, mask=mask, other=posted, volatile=True)
+    u = v
+    if PLANES == 2:
+        u = tl.load(slots + PLANE, mask=mask, other=posted, volatile=True)
     tries = 0
-    while (tl.min(tl.min(v >> 32, axis=1), axis=0) == 0) & (tries < spin):
+    while (tl.min(tl.min((v & u) >> 32, axis=1), axis=0) == 0) & (tries < spin):
         v = tl.load(slots, mask=mask, other=posted, volatile=True)
+        u = v
+        if PLANES == 2:
+            u = tl.load(slots + PLANE, mask=mask, other=posted, volatile=True)
         tries += 1
-    all_posted = tl.min(tl.min(v >> 32, axis=1), axis=0) != 0
-    value = v.to(tl.int32).to(tl.float32, bitcast=True)  # the low half
-    value = tl.where((v >> 32) == 0, float("nan"), value)
-    return value, tl.where(all_posted, spin, 0)
+    all_posted = tl.min(tl.min((v & u) >> 32, axis=1), axis=0) != 0
+    return _posted(v), _posted(u), tl.where(all_posted, spin, 0)
 
 
 @triton.jit
-def _await_sums(SLOTS, rows64, SLICES, SLICES_P2: tl.constexpr, row_mask, spin):
-    """The whole rows' sums, once every slice has posted its part (``_await_slots``), added in
-    slice order, so every sibling gets the same bits and the result is the same run to run."""
-    value, spin = _await_slots(SLOTS, rows64, SLICES, SLICES_P2, row_mask, spin)
-    return tl.sum(value, axis=1), spin
+def _await_sums(SLOTS, PLANE, rows64, SLICES, SLICES_P2: tl.constexpr, row_mask, spin, PLANES: tl.constexpr):
+    """The whole rows' sums of each plane, once every slice has posted its part
+    (``_await_slots``), added in slice order, so every sibling gets the same bits and the result is
+    the same run to run."""
+    a, b, spin = _await_slots(SLOTS, PLANE, rows64, SLICES, SLICES_P2, row_mask, spin, PLANES)
+    return tl.sum(a, axis=1), tl.sum(b, axis=1), spin
 
 
 @triton.jit
@@ -464,8 +479,7 @@ def _norm_fwd_sync_kernel(
             x_next, r_next = _load_slice(X, R, rows + ROWS, end, cols, col_mask, stride_x, stride_xh, stride_r,
                                          stride_rh, HEADS, VIEWS, HAS_RESIDUAL)  # fmt: skip
         if LAYERNORM:
-            sums, spin = _await_slots(STATS, rows64, SLICES, SLICES_P2, row_mask, spin)
-            m2s, spin = _await_slots(STATS + M * SLICES, rows64, SLICES, SLICES_P2, row_mask, spin)
+            sums, m2s, spin = _await_slots(STATS, M * SLICES, rows64, SLICES, SLICES_P2, row_mask, spin, 2)
             k = tl.arange(0, SLICES_P2)
             n_k = tl.minimum(tl.maximum(N - k * SLICE, 0), SLICE).to(tl.float32)[None, :]  # 0 past the last slice
             mean = tl.sum(sums, axis=1) / N
@@ -474,7 +488,7 @@ def _norm_fwd_sync_kernel(
             x = x - mean[:, None]
             tl.store(MEAN + rows, mean, mask=rows < stats_end)
         else:
-            sum_sq, spin = _await_sums(STATS, rows64, SLICES, SLICES_P2, row_mask, spin)
+            sum_sq, _, spin = _await_sums(STATS, 0, rows64, SLICES, SLICES_P2, row_mask, spin, 1)
             rstd = _rstd(sum_sq / N, eps)
         tl.store(RSTD + rows, rstd, mask=rows < stats_end)
         y = x * rstd[:, None]
@@ -1091,9 +1105,11 @@ def _norm_bwd_slice_kernel(
             x_next = tl.load(X + x_rows[:, None] + cols[None, :], mask=next_mask, other=0.0)
             dy_next = tl.load(DY + dy_rows[:, None] + cols[None, :], mask=next_mask, other=0.0)
         if SYNC:
-            sum_gxc, spin = _await_sums(ROW_SUMS, rows64, SLICES, SLICES_P2, row_mask, spin)
+            # LayerNorm's two sums in one wait (``_await_slots``); RMSNorm's second is its first
+            sum_gxc, sum_g2, spin = _await_sums(ROW_SUMS, M * SLICES, rows64, SLICES, SLICES_P2, row_mask, spin,
+                                                1 + LAYERNORM)  # fmt: skip
             if LAYERNORM:
-                sum_g, spin = _await_sums(ROW_SUMS + M * SLICES, rows64, SLICES, SLICES_P2, row_mask, spin)
+                sum_g = sum_g2
         if LAYERNORM:
             x = x - mean[:, None]
         if HAS_WEIGHT:  # re-read per block (an L1 hit) rather than held: its registers go to dw / db

@@ -38,11 +38,13 @@ SMS = 132  # --dry's grid (an H100's SMs); on a GPU the launcher reads its own
 # its slice in registers (fp32 after the load) plus the next block's slice in flight (x's dtype, and
 # the residual's): 8192 columns on 8 warps are 32 + 16 registers a thread for x (the backward's best
 # slice); 16384 on 8 warps twice that, fewer slices and twice the bytes in flight per SM; 4096 on 4
-# warps with two rows a tile, the same registers as the first with shorter rows' slices.
+# warps with two rows a tile, the same registers as the first with shorter rows' slices; 16384 on 16
+# warps, the first's registers a thread with half the siblings to wait for.
 GRID = (
     {"fwd_slice": 8192, "fwd_tile_elements": 8192, "worker_warps": 8, "occupancy": 1},
     {"fwd_slice": 16384, "fwd_tile_elements": 16384, "worker_warps": 8, "occupancy": 1},
     {"fwd_slice": 4096, "fwd_tile_elements": 8192, "worker_warps": 4, "occupancy": 1},
+    {"fwd_slice": 16384, "fwd_tile_elements": 16384, "worker_warps": 16, "occupancy": 1},
 )
 SHORT = {"fwd_slice": "s", "fwd_tile_elements": "e", "worker_warps": "w", "occupancy": "o"}
 

@@ -30,9 +30,11 @@ OPS = ("rmsnorm", "layernorm", "add_rmsnorm")
 WIDE_N = tuple(int(n) for n in os.environ.get("WIDE_N", "16384,24576,32768,49152,65536,131072,262144").split(","))
 # (slice columns, warps along N, rows a block, programs per SM), 32 16-bit elements a thread each:
 # 8192 columns on 8 warps, one program per SM (16 KB of x a block, the next block's in flight while
-# it waits); 4096 on 4 warps, two per SM (a waiting program leaves the SM to the other's loads, as
-# the backward's narrow slices); 16384 on 16 warps, one per SM (half the siblings to wait for).
-CANDIDATES = ((8192, 8, 1, 1), (4096, 4, 1, 2), (16384, 16, 1, 1))
+# it waits); 16384 on 16 warps, one per SM (half the siblings to wait for); two rows a block on 16
+# warps, in 8192- and 16384-column slices (twice the bytes per exchange; 64 elements a thread for
+# the second); 32768 on 32 warps (a quarter of the siblings). 4096 on 4 warps, two per SM, lost
+# everywhere in the first round (reports/experiments/gluon-wide-fwd/, commit bcbddcf) and is gone.
+CANDIDATES = ((8192, 8, 1, 1), (16384, 16, 1, 1), (8192, 16, 2, 1), (16384, 16, 2, 1), (32768, 32, 1, 1))
 LAUNCHES = 5
 
 

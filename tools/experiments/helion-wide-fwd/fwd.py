@@ -2,8 +2,9 @@
 (``kernels.py``, ``*_fwd_sync``: x, and the fused add's residual, read once) against the forward
 the table picks today ("pinned": the row kernel, which walks a wide row twice in column chunks),
 for rmsnorm, layernorm and add_rmsnorm, N in WIDE_N, M = 2^27 // N. Candidates: the pinned choice
-and two exchanging ones, one row a step on 8 warps in 8192- and 4096-column slices (``CANDIDATES``:
-32 and 16 bf16 elements per thread and row tensor, in registers once). Each is checked against the
+and three exchanging ones, one row a step on 8 warps in 8192- and 4096-column slices and on 16 warps
+in 16384-column slices (``CANDIDATES``: 32, 16 and 32 bf16 elements per thread and row tensor, in
+registers once). Each is checked against the
 fp64 reference with the harness's checker on (CHECK_M + M mod 16, N) rows (M's class for Triton's
 integer specialization, so the check compiles the binary that is timed), then all are timed
 alternately, three rounds (``gpu_timing.bench``: do_bench median, L2 flushed). Bytes: the
@@ -43,7 +44,7 @@ BUDGET_S = float(os.environ.get("BUDGET_S", "150"))
 CHECK_M = int(os.environ.get("CHECK_M", "512"))
 WORKERS = int(os.environ.get("WORKERS", "12"))
 # (slice width, rows a step, warps) of the exchanging candidates
-CANDIDATES = ((8192, 1, 8), (4096, 1, 8))
+CANDIDATES = ((8192, 1, 8), (4096, 1, 8), (16384, 1, 16))
 SMS = 132  # the H100's, for --dry
 
 

@@ -3,9 +3,13 @@ partial row statistics (``Config.sync`` with ``slice``, ``kernels._norm_fwd_sync
 the forward the table picks today ("pinned": the chunked forward, which reads each row twice, or
 the whole row in registers). For op in rmsnorm, layernorm, add_rmsnorm and N in WIDE_N, M = 2^27 / N:
 every candidate (``configs.FWD_EXCHANGE``: 8192-column slices on 8 warps one or two blocks ahead,
-on 16 warps two ahead) is checked against the fp64 reference on (CHECK_M, N) rows with the harness's
-checker, then all are timed alternately, three rounds (``gpu_timing.bench``: do_bench median, L2
-flushed). Bytes: the harness's forward model (x (+ residual) read once, y (+ residual_out) written
+on 16 warps two ahead, two rows a block on 8 and 16 warps, 16384-column slices on 16 warps) is
+checked against the fp64 reference on (CHECK_M, N) rows with the harness's checker, then all are
+timed alternately, three rounds (``gpu_timing.bench``: do_bench median, L2 flushed). Two
+diagnostics ride along, never checked and never pinned ("nowait ..."): candidates launched with a
+wait bound of 0, so that each program posts, reads the slots once and goes on (rows whose siblings
+had not posted come out NaN): the time of the exchange without its waiting, against which the
+candidate's own time shows what the waits cost. Bytes: the harness's forward model (x (+ residual) read once, y (+ residual_out) written
 once; the statistics and parameters left out as in the wide-sync experiments). The kernels are
 compiled first in WARM parallel processes on 64-row inputs (Triton's disk cache).
 
@@ -45,6 +49,25 @@ def name(cfg) -> str:
     if cfg is None:
         return "pinned"
     return f"s{cfg.slice} w{cfg.warps} r{cfg.rows} a{cfg.ahead}"
+
+
+# the candidates also timed without waiting (see the docstring)
+NOWAIT = (C.FWD_EXCHANGE[2], C.FWD_EXCHANGE[4])
+
+
+def without_waiting(fn):
+    """``fn`` with the exchanging forward's wait bound at 0 (its ``spin`` default) while it runs."""
+    from impls.triton import kernels as K
+
+    def run():
+        defaults = K.launch_fwd_exchange.__defaults__
+        K.launch_fwd_exchange.__defaults__ = (0,)
+        try:
+            return fn()
+        finally:
+            K.launch_fwd_exchange.__defaults__ = defaults
+
+    return run
 
 
 def candidates():
@@ -162,6 +185,10 @@ def run(out_dir, dtype="bf16"):
                         runs[key] = fn
                     except Exception as e:  # noqa: BLE001 -- a candidate that does not build is a result too
                         rec["errors"][key] = f"{type(e).__name__}: {str(e)[:300]}"
+                for cfg in NOWAIT:
+                    if name(cfg) in runs and K.exchange_grid(cfg, m, n, sms)[0]:
+                        runs["nowait " + name(cfg)] = without_waiting(launch(cfg))
+                        rec["checks"]["nowait " + name(cfg)] = "diagnostic: not checked"
                 for _ in range(3):
                     for key, fn in runs.items():
                         rec["ms"].setdefault(key, []).append(round(bench(fn), 5))
