@@ -170,8 +170,9 @@ def test_exchanging_forward_builds_post_and_wait_within_each_warp():
     widest N up to 262144 whose slots fit one warp (8192-column slices: 32 slices, one warp's worth)
     and the first at N = 20000 (3 slices, the last short): one atomic exchange per posted value
     (LayerNorm posts two), one wait loop polling every posted plane (LayerNorm's two together:
-    ``kernels._await_slots``), no barrier inside a wait loop, 16-byte loads, and no spill
-    in the configs a table pins."""
+    ``kernels._await_slots``), no barrier inside a wait loop and 16-byte loads. Spills are
+    recorded, not held to zero: 16384-column slices on 16 warps spill (the fused add's 32 bytes a
+    thread at 262144) and were measured faster anyway (docs/kernels/triton.md)."""
     code = """
 import json, re
 from impls.triton import sm90a_build as B  # first: it sets up the compile-only target
@@ -202,7 +203,6 @@ print(json.dumps(out))
         posts = 2 if key.startswith("layernorm") else 1
         assert b["exch"] == posts and b["loops"] == [posts], (key, b)  # one wait loop polling each plane
         assert b["barriers"] == 0 and b["v4"] > 0, (key, b)
-        assert not b["pinned"] or b["stack"] == 0, (key, b)
 
 
 def test_exchanging_forward_grid_keeps_every_sibling_resident():
@@ -223,10 +223,13 @@ def test_exchanging_forward_grid_keeps_every_sibling_resident():
 
 
 def test_only_the_measured_winner_pins_the_exchanging_forward():
-    """The chunked forward everywhere but where the exchange measured faster (the H100's fused add
-    at the 131072 bucket: reports/experiments/triton-wide-fwd/): no other table entry, heuristic
-    or search candidate of the forward exchanges (an entry with ``sync`` and ``slice`` would)."""
-    pinned = {("NVIDIA H100 80GB HBM3", "add_rmsnorm", 131072)}
+    """The chunked forward everywhere but where the exchange measured faster (the H100's RMSNorm
+    and fused add at the 131072 and 262144 buckets, LayerNorm at 131072:
+    reports/experiments/triton-wide-fwd/): no other table entry, heuristic or search candidate of
+    the forward exchanges (an entry with ``sync`` and ``slice`` would)."""
+    h100 = "NVIDIA H100 80GB HBM3"
+    pinned = {(h100, "rmsnorm", 131072), (h100, "rmsnorm", 262144), (h100, "layernorm", 131072),
+              (h100, "add_rmsnorm", 131072), (h100, "add_rmsnorm", 262144)}  # fmt: skip
     for gpu, n, op in itertools.product(C.pinned_table(), (16384, 24576, 32768, 49152, 65536, 98304, 131072, 262144),
                                         ("rmsnorm", "layernorm", "add_rmsnorm")):  # fmt: skip
         cfg = C.lookup(gpu, op, "fwd", n)
