@@ -19,7 +19,8 @@ Helion compiles are slow (seconds of tracing, then Triton's), so WORKERS process
 share the (op, N) points: each compiles and checks its points' candidates and runs each once at
 full size; once every process is done (or BUDGET_S, default 150 s from the start, has passed: no
 new (op, N) starts after it), the points are timed one at a time under a lock, with nothing else
-on the GPU. Environment: WIDE_N (default 16384,24576,32768,49152,65536,131072,262144), BUDGET_S,
+on the GPU. Environment: OPS (default rmsnorm,layernorm,add_rmsnorm), WIDE_N (default
+16384,24576,32768,49152,65536,131072,262144), BUDGET_S,
 CHECK_M (default 512), WORKERS. Writes OUT/results.jsonl (one line per (op, N): each candidate's
 entry, grid, the kernel it ran, check, compile + check seconds, errors, ms per round, fractions of
 the copy bandwidth) and OUT/meta.json, and prints one line per (op, N).
@@ -38,7 +39,7 @@ sys.path.insert(0, os.getcwd())
 sys.path.insert(0, os.path.dirname(HERE))
 
 ELEMS = 2**27
-OPS = ("rmsnorm", "layernorm", "add_rmsnorm")
+OPS = tuple(os.environ.get("OPS", "rmsnorm,layernorm,add_rmsnorm").split(","))
 WIDE_N = tuple(int(n) for n in os.environ.get("WIDE_N", "16384,24576,32768,49152,65536,131072,262144").split(","))
 BUDGET_S = float(os.environ.get("BUDGET_S", "150"))
 CHECK_M = int(os.environ.get("CHECK_M", "512"))
