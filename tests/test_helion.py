@@ -976,9 +976,8 @@ def test_exchanging_forwards_grid_and_fallbacks():
     choice = configs.Pinned("rmsnorm_fwd_sync", SYNC_FWD, sync={"block_sizes": [1, 8192], "num_warps": 8})
     assert configs.Pinned.from_entry(choice.entry(), "tuned").entry() == choice.entry() and choice.entry()["sync"] == choice.sync
     x = torch.empty(1, 1, dtype=torch.bfloat16).expand(512, 262144)  # 32 slices
-    config, slots, groups, share, extra, spin = kernels._exchange_grid(configs.fwd_sync_config(choice), x, 2, 132,
-                                                                       planes_first=True)  # fmt: skip
-    assert config == {"block_sizes": [1, 8192], "num_warps": 8} and slots.shape == (2, 512, 32) and not slots.any()
+    config, slots, groups, share, extra, spin = kernels._exchange_grid(configs.fwd_sync_config(choice), x, 2, 132)
+    assert config == {"block_sizes": [1, 8192], "num_warps": 8} and slots.shape == (512, 32, 2) and not slots.any()
     assert (groups, share, extra, spin) == (4, 128, 0, kernels.SPIN_LIMIT) and groups * 32 <= 132
     assert kernels._exchange_grid(configs.fwd_sync_config(choice), x, 1, 31) is None  # 32 slices, 31 SMs
     assert kernels._fwd_exchange(choice, torch.empty(4, 32768), 1) is None  # the CPU
@@ -1092,7 +1091,7 @@ def _fwd_exchange_on_cpu(monkeypatch, spin: int) -> dict:
         if not choice.kernel.endswith("_fwd_sync"):
             return None
         config = configs.fwd_sync_config(choice)
-        grid = kernels._exchange_grid(config, x, planes, 3 * -(-x.shape[1] // config["block_sizes"][1]), planes_first=True)
+        grid = kernels._exchange_grid(config, x, planes, 3 * -(-x.shape[1] // config["block_sizes"][1]))
         slots = kept.setdefault(tuple(grid[1].shape), grid[1])
         return (grid[0], slots, *grid[2:])
 
@@ -1160,18 +1159,16 @@ def test_exchanging_forward_in_generated_triton(op, monkeypatch, no_libdevice):
 @pytest.mark.parametrize("op", NORMS)
 def test_exchanging_forward_posts_and_waits_in_generated_triton(op):
     """The exchanging forward's Triton (no GPU needed): each slice's statistics posted by an atomic
-    exchange (LayerNorm posts two), the siblings' read back by an atomic add of 0 before and in a
-    while loop (LayerNorm's two planes each: four), the statistics stored under a branch on the
-    slice (one slice stores them)."""
+    exchange (LayerNorm posts two), the siblings' read back by an atomic add of 0 in a while loop,
+    the statistics stored under a branch on the slice (one slice stores them)."""
     family = codegen.KERNELS_OF[op]
     choice = configs.Pinned(f"{family}_fwd_sync", SYNC_FWD, sync={"block_sizes": [1, 8192], "num_warps": 8})
     ((kernel, config, args),) = codegen.launches(op, "fwd", choice, codegen.example_args(op, "fwd", 24576, "bf16"))
     assert kernel.name == f"{family}_fwd_sync"
     bound = kernel.bind(args)
     source = bound.to_triton_code(configs.fit(config, bound))
-    posts = 2 if family == "layernorm" else 1
-    assert source.count("tl.atomic_xchg(") == posts
-    assert "while while_cond:" in source and source.count("tl.atomic_add(") == 2 * posts
+    assert source.count("tl.atomic_xchg(") == (2 if family == "layernorm" else 1)
+    assert "while while_cond:" in source and source.count("tl.atomic_add(") == 2
     assert re.search(r"= tile_id\w* == 0\n", source)
 
 

@@ -48,7 +48,7 @@ def launches(op: str, direction: str, choice: configs.Pinned, args: tuple) -> li
         config = configs.fwd_sync_config(choice)
         m, n = args[0].shape
         width = config["block_sizes"][1]
-        slots = torch.zeros((m, -(-n // width)) if family == "rmsnorm" else (2, m, -(-n // width)), dtype=torch.int64)
+        slots = torch.zeros((m, -(-n // width)) if family == "rmsnorm" else (m, -(-n // width), 2), dtype=torch.int64)
         grid = (slots, 1, -(-m // config["block_sizes"][0]), 0, kernels.SPIN_LIMIT)
         counts = () if family == "rmsnorm" else (kernels._slice_counts(n, width, args[0].device),)
         return [(kernels.rmsnorm_fwd_sync if family == "rmsnorm" else kernels.layernorm_fwd_sync, config, args + counts + grid)]

@@ -623,7 +623,7 @@ def _fwd_exchange(choice, x, planes: int):
     kernel, x is on the CPU or has no rows, or a row's slices outnumber the SMs."""
     if not choice.kernel.endswith("_fwd_sync") or not x.is_cuda or not x.shape[0]:
         return None
-    return _exchange_grid(fwd_sync_config(choice), x, planes, sm_count(x.device), planes_first=True)
+    return _exchange_grid(fwd_sync_config(choice), x, planes, sm_count(x.device))
 
 
 # (N, slice width, device) -> each slice's columns, fp32 (LayerNorm's exchanging forward)
@@ -638,12 +638,12 @@ def _slice_counts(n: int, width: int, device):
     return _COUNTS[key]
 
 
-def _exchange_grid(config: dict, x, planes: int, sms: int, planes_first: bool = False):
+def _exchange_grid(config: dict, x, planes: int, sms: int):
     """``_exchange``'s launch arguments on a GPU of ``sms`` SMs, None where a row's slices outnumber
     them. The grid is ``groups`` x slices, no more programs than SMs, so that all siblings are
     resident together; the row blocks go to the groups as evenly as they can (``share`` each, one
     more to the first ``extra``). ``slots``: one int64 per (row, slice, row sum), zeroed on every
-    call; (M, slices, planes), or (planes, M, slices) with ``planes_first`` (the forward's)."""
+    call."""
     rows, width = config["block_sizes"]
     m, n = x.shape
     slices = -(-n // width)
@@ -651,8 +651,7 @@ def _exchange_grid(config: dict, x, planes: int, sms: int, planes_first: bool = 
     groups = exchange_groups(blocks, slices, sms)
     if not groups:
         return None
-    shape = (m, slices) if planes == 1 else (planes, m, slices) if planes_first else (m, slices, planes)
-    slots = torch.zeros(shape, dtype=torch.int64, device=x.device)
+    slots = torch.zeros((m, slices) if planes == 1 else (m, slices, planes), dtype=torch.int64, device=x.device)
     return (config, slots, groups, *divmod(blocks, groups), SPIN_LIMIT)
 
 
@@ -841,15 +840,12 @@ def layernorm_fwd_sync(
     spin: int,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """rmsnorm_fwd_sync for LayerNorm: each slice posts its rows' sum and the squared deviations from
-    its own mean to two planes of ``slots`` ((2, M, slices)), merged by Chan's formula with the
-    slices' column counts ``counts`` ((slices,) fp32; see the module docstring). The wait polls
-    both planes in each round, each a (rows, slices) block as RMSNorm's one: polled as one
-    (rows, slices, 2) block of an (M, slices, 2) array, as the backward's are, the forward ran at
-    1-2% of the copy bandwidth from three slices a row (reports/experiments/helion-wide-fwd/). The
-    first slice's programs store mean and rstd."""
+    its own mean, ``slots`` (M, slices, 2), merged by Chan's formula with the slices' column
+    counts ``counts`` ((slices,) fp32; see the module docstring). The first slice's programs store
+    mean and rstd."""
     m, n = x.size()
     n = hl.specialize(n)
-    hl.specialize(slots.size(0))
+    hl.specialize(slots.size(1))
     hl.specialize(slots.size(2))
     hl.specialize(counts.size(0))
     rows_per_step = hl.register_block_size(m)
@@ -874,18 +870,16 @@ def layernorm_fwd_sync(
             xf = x_next.to(torch.float32)
             part = torch.sum(xf, dim=-1)
             xc_part = torch.where(in_row, xf - (part / mine)[:, None], 0.0)
-            hl.atomic_xchg(slots, [0, rows, cols.id], _posted(part))
-            hl.atomic_xchg(slots, [1, rows, cols.id], _posted(torch.sum(xc_part * xc_part, dim=-1)))
+            hl.atomic_xchg(slots, [rows, cols.id, 0], _posted(part))
+            hl.atomic_xchg(slots, [rows, cols.id, 1], _posted(torch.sum(xc_part * xc_part, dim=-1)))
             x_next, _ = _rows_ahead(x, None, rows.begin + rows_per_step, end, rows_per_step, cols)
-            sums = hl.atomic_add(slots, [0, rows, slice(None)], 0)
-            m2s = hl.atomic_add(slots, [1, rows, slice(None)], 0)
+            sums = hl.atomic_add(slots, [rows, slice(None), slice(None)], 0)
             tries = hl.zeros([], dtype=torch.int32)
-            while (_unposted(sums) | _unposted(m2s)) & (tries < budget):
-                sums = hl.atomic_add(slots, [0, rows, slice(None)], 0)
-                m2s = hl.atomic_add(slots, [1, rows, slice(None)], 0)
+            while _unposted(sums) & (tries < budget):
+                sums = hl.atomic_add(slots, [rows, slice(None), slice(None)], 0)
                 tries = tries + 1
-            budget = torch.where(_unposted(sums) | _unposted(m2s), 0, budget)
-            sum_s, m2_s = _values(sums), _values(m2s)
+            budget = torch.where(_unposted(sums), 0, budget)
+            sum_s, m2_s = hl.split(_values(sums))
             mean_rows = torch.sum(sum_s, dim=-1) / n
             # Chan: the slices' own squared deviations plus each slice's mean's, weighted by its columns
             apart = sum_s / columns - mean_rows[:, None]
