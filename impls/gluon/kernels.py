@@ -546,7 +546,7 @@ def _bwd_kernel(
     M, N, NH, stride_dy, hstride_dy, stride_x, hstride_x, stride_dres, hstride_dres, stride_dx,
     LAYERNORM: gl.constexpr, HAS_WEIGHT: gl.constexpr, HAS_DRESIDUAL: gl.constexpr,
     ROWS: gl.constexpr, BLOCK_N: gl.constexpr, SLICES: gl.constexpr, SLICES_P2: gl.constexpr,
-    HEADS: gl.constexpr, layout: gl.constexpr, SYNC: gl.constexpr, SPIN,
+    HEADS: gl.constexpr, layout: gl.constexpr, SYNC: gl.constexpr, PAIRED: gl.constexpr, SPIN,
 ):  # fmt: skip
     """Program (group, slice) owns columns [slice * BLOCK_N, +BLOCK_N) of its group's row blocks
     (SLICES = 1: the whole row, whose reductions it computes itself). dy, x and dresidual_out may
@@ -604,8 +604,12 @@ def _bwd_kernel(
                 _publish(ROW_SUMS + own, _sum(g * xc, axis=1), row_mask)
                 if LAYERNORM:
                     _publish(ROW_SUMS + M * SLICES + own, _sum(g, axis=1), row_mask)
-                # LayerNorm's two sums in one wait (``_await_slots``); RMSNorm's second is its first
-                sum_gxc, sum_g, spin = _await_sums(ROW_SUMS + at, M * SLICES, sums_mask, spin, 1 + LAYERNORM)
+                if PAIRED or not LAYERNORM:
+                    # LayerNorm's two sums in one wait (``_await_slots``); RMSNorm's second is its first
+                    sum_gxc, sum_g, spin = _await_sums(ROW_SUMS + at, M * SLICES, sums_mask, spin, 1 + LAYERNORM)
+                else:  # one plane, then the other (``PAIRED_SLICES_MAX``)
+                    sum_gxc, _, spin = _await_sums(ROW_SUMS + at, 0, sums_mask, spin, 1)
+                    sum_g, _, spin = _await_sums(ROW_SUMS + M * SLICES + at, 0, sums_mask, spin, 1)
             else:
                 sum_gxc = _sum(gl.load(ROW_SUMS + at, mask=sums_mask, other=0.0), axis=1)
                 sum_g = _sum(gl.load(ROW_SUMS + M * SLICES + at, mask=sums_mask, other=0.0), axis=1)
@@ -828,6 +832,11 @@ def _fwd_sliced_kernel(
 EXCHANGE = True
 SYNC_SLOTS_MAX = 32  # slots (rows x slices, padded to a power of two) a block may wait on: one warp
 SPIN_LIMIT = 1 << 20  # re-reads of the posted sums before a program gives up on a sibling (~1 s)
+# LayerNorm's exchanging backward waits for both of its sums in one loop (both planes re-read each
+# round) up to this many slices a row, and for one plane, then the other, past it: on an H100 (bf16)
+# the single wait moved LayerNorm by 0.4-8 points at 10240-49152 (5-12 slices), by 0.5 at 65536
+# and by -5 at 131072 (16 slices each: the early siblings re-read twice the slots while they wait)
+PAIRED_SLICES_MAX = 12
 FWD_SLOTS = 32  # the exchanging forward's slot tile: at least this wide (fewer binaries)
 _COMPILE_ONLY: list = []  # a stack of lists collecting compiled kernels
 _INTERPRETED: list = []  # a stack of {kernel name: interpreted copy} (interpret.layouts_erased)
@@ -1144,13 +1153,14 @@ def norm_bwd(dy, dres, x, weight, mean, rstd, layernorm: bool):
     constexprs = dict(
         LAYERNORM=layernorm, HAS_WEIGHT=has_weight, HAS_DRESIDUAL=dres is not None,
         ROWS=t.rows, BLOCK_N=t.width, SLICES=slices, SLICES_P2=next_pow2(slices), HEADS=heads > 0, layout=layout,
-        SYNC=sync,
+        SYNC=sync, PAIRED=slices <= PAIRED_SLICES_MAX,
     )  # fmt: skip
     args["SPIN"] = SPIN_LIMIT
     # a cheap key (a call's host time counts at small M): the ints, dtypes and 16-byte alignments
     # that select the binary (another binary may need more registers: fewer programs per SM)
     key = (N, x.dtype, w.dtype, layernorm, has_weight, dres is not None, heads > 0, x.get_device(),
            args["stride_dy"], args["hstride_dy"], args["stride_x"], args["hstride_x"], args["stride_dres"], sync,
+           constexprs["PAIRED"],
            (dy.data_ptr() | x.data_ptr() | w.data_ptr() | (0 if dres is None else dres.data_ptr())) % 16 == 0)  # fmt: skip
     groups = min(most, _resident(_bwd_kernel, args, constexprs, t, key, x.is_cuda) * sm_count(x.device) // slices) or 1
     _launch(_bwd_kernel, (groups * slices,), args, constexprs, t.num_warps)
