@@ -99,8 +99,11 @@ adds the posts in slice order (the same bits in each, whatever the timing); the 
 (NaN, not a hang, if a sibling never posts). The siblings wait for each other, so all of them must
 be resident: one program per SM (``harness.spec.occupancy.exchange_groups``), and where a row's
 slices outnumber the SMs, or a block's slots do not fit one warp, the chunked forward runs
-instead. The H100 table pins it (``Config.sync`` with ``slice``) for the fused add at 131072, the one
-width where it measured faster (docs/kernels/triton.md).
+instead. The H100 table pins it (``Config.sync`` with ``slice``) where it measured faster than the
+chunked forward: from 131072 columns (RMSNorm, the fused add; LayerNorm at 131072), on two rows a
+block of 8192-column slices or on 16384-column slices, which move enough bytes per exchange for the
+wait to hide behind them; one row of 8192 columns a block lost almost everywhere
+(docs/kernels/triton.md).
 
 Rows whose length is no multiple of a 16-byte vector (N = 4001) start anywhere within a vector,
 so the row kernels' loads and stores are element-wise (a 2-byte access per element keeps the
