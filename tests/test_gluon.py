@@ -429,6 +429,31 @@ def test_many_slices_exchange_on_8_warps_and_wait_within_a_warp(gluon_kernels):
 
 
 @pytest.mark.slow
+def test_layernorm_backward_waits_once_for_both_sums_up_to_the_paired_limit(gluon_kernels):
+    """LayerNorm's exchanging backward, compiled for sm_90a: one wait loop polling both planes of
+    sums up to ``PAIRED_SLICES_MAX`` slices a row (49152 columns: 12), and a loop per plane past it
+    (131072: 16), each loop polling one plane's slots; RMSNorm's one loop either way."""
+    from harness.spec.ptx import poll_loops
+    from impls.gluon import plan as P
+
+    k = gluon_kernels
+    loops = {}
+    for n in (49152, 131072):
+        x = torch.randn(2, n, dtype=torch.bfloat16)
+        w = torch.randn(n, dtype=torch.bfloat16)
+        for layernorm in (False, True):
+            with k.compile_only() as compiled:
+                k.norm_bwd(x, None, x, w, torch.zeros(2) if layernorm else None, torch.ones(2), layernorm)
+            main = compiled[[c.metadata.name for c in compiled].index("_bwd_kernel")]
+            loops[(n, layernorm)] = poll_loops(main.asm["ptx"])
+    assert P.plan("bwd", 49152, 2, True).pieces <= k.PAIRED_SLICES_MAX < P.plan("bwd", 131072, 2, True).pieces
+    one_plane = loops[(131072, False)]
+    assert len(one_plane) == 1 and len(loops[(49152, False)]) == 1, loops
+    assert loops[(49152, True)] == [2 * loops[(49152, False)][0]], loops  # both planes, one loop
+    assert loops[(131072, True)] == one_plane * 2, loops  # a loop per plane
+
+
+@pytest.mark.slow
 def test_small_rows_and_head_views_compile_with_128_bit_accesses(gluon_kernels):
     """QK-norm's rows (N = 128, the small-row tile) as (M, N) rows and as (T, NH, N) views of 3 of 7
     heads (two row strides): every kernel compiles for sm_90a, with 128-bit loads."""

@@ -834,7 +834,7 @@ SYNC_SLOTS_MAX = 32  # slots (rows x slices, padded to a power of two) a block m
 SPIN_LIMIT = 1 << 20  # re-reads of the posted sums before a program gives up on a sibling (~1 s)
 # LayerNorm's exchanging backward waits for both of its sums in one loop (both planes re-read each
 # round) up to this many slices a row, and for one plane, then the other, past it: on an H100 (bf16)
-# the single wait moved LayerNorm by 0.4-8 points at 10240-49152 (5-12 slices), by 0.5 at 65536
+# the single wait moved LayerNorm by 0.4-8.7 points at 10240-49152 (5-12 slices), by 0.5 at 65536
 # and by -5 at 131072 (16 slices each: the early siblings re-read twice the slots while they wait)
 PAIRED_SLICES_MAX = 12
 FWD_SLOTS = 32  # the exchanging forward's slot tile: at least this wide (fewer binaries)
