@@ -29,11 +29,12 @@ Where the config comes from (``pinned()``):
 A forward entry may name the exchanging forward (``*_fwd_sync``, ``kernels.py``): its ``config``
 stays the row kernel's (``*_fwd_kernel``, which runs on the CPU, for per-head views and where a
 row's slices outnumber the SMs), and its ``sync`` field is the exchanging kernel's own config,
-block sizes [rows a step, slice width] and its warps (``fwd_sync_config``). Only the fused add's
-entries name it (the H100's above N = 32768: there it read x and residual once and won, while for
-plain RMSNorm it lost at every width, docs/kernels/helion.md), e.g. under "add_rmsnorm_fwd" ->
-"bf16" -> "262144": ``{"kernel": "rmsnorm_fwd_sync", "config": {"block_sizes": [1],
-"reduction_loops": [16384], "num_warps": 32}, "sync": {"block_sizes": [1, 8192], "num_warps": 8}}``.
+block sizes [rows a step, slice width] and its warps (``fwd_sync_config``). The H100's fused-add
+entries above N = 32768 and its RMSNorm entry at the 262144 key (131072-262144 columns) name it:
+there x (and the residual) read once on 16384-column slices of 16 warps won; LayerNorm's never
+does (docs/kernels/helion.md), e.g. under "add_rmsnorm_fwd" -> "bf16" -> "262144":
+``{"kernel": "rmsnorm_fwd_sync", "config": {"block_sizes": [1], "reduction_loops": [16384],
+"num_warps": 32}, "sync": {"block_sizes": [1, 16384], "num_warps": 16}}``.
 
 A backward entry may name the exchanging kernel (``*_bwd_sync``, ``kernels.py``) where it would
 name the split one: its ``config`` and ``first_pass`` are still the split kernels', which run where
