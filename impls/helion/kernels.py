@@ -514,7 +514,7 @@ def _rms_fwd(x, residual, residual_out, weight, eps):
     """The (M, N) RMSNorm forward (with the fused add where residual is given): the exchanging
     kernel where the choice names it and ``_fwd_exchange`` lets it run, else the row kernel. The
     fused add reads its own entry point, which falls back to rmsnorm's (``configs.FALLBACK_ENTRY``):
-    reading x and residual once pays off for it where it does not for RMSNorm."""
+    reading x and residual once pays off for it at widths where it does not for RMSNorm."""
     choice = choose("rmsnorm_fwd" if residual is None else "add_rmsnorm_fwd", x)
     exchange = _fwd_exchange(choice, x, 1)
     if exchange is not None:

@@ -1108,11 +1108,9 @@ def _norm_bwd_slice_kernel(
             x_next = tl.load(X + x_rows[:, None] + cols[None, :], mask=next_mask, other=0.0)
             dy_next = tl.load(DY + dy_rows[:, None] + cols[None, :], mask=next_mask, other=0.0)
         if SYNC:
-            # LayerNorm's two sums in one wait (``_await_slots``); RMSNorm's second is its first
-            sum_gxc, sum_g2, spin = _await_sums(ROW_SUMS, M * SLICES, rows64, SLICES, SLICES_P2, row_mask, spin,
-                                                1 + LAYERNORM)  # fmt: skip
-            if LAYERNORM:
-                sum_g = sum_g2
+            # LayerNorm's two sums in one wait (``_await_slots``); RMSNorm's second is its first, unread
+            sum_gxc, sum_g, spin = _await_sums(ROW_SUMS, M * SLICES, rows64, SLICES, SLICES_P2, row_mask, spin,
+                                               1 + LAYERNORM)  # fmt: skip
         if LAYERNORM:
             x = x - mean[:, None]
         if HAS_WEIGHT:  # re-read per block (an L1 hit) rather than held: its registers go to dw / db
