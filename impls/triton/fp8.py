@@ -20,6 +20,11 @@ How a row is walked:
   and per 1 x 128 block takes each block's amax there (CHUNK is a multiple of 128). x is read twice,
   the second time mostly from L2, as the chunked norm forward reads it.
 
+Per-head (T, H, N) views of x and the residual (q and k of a fused QKV projection, ``row_views``)
+are read in place, each row where the norm kernels find it (``kernels._row_offsets``, a compile-time
+``VIEWS`` flag); a reshape to rows would copy them, which cost two thirds of the time at QK-norm's
+shapes. q, the scales, residual_out and rstd are written as (M, ...) rows.
+
 448 appears as a literal in the kernels: harness.spec.fp8.E4M3_MAX, which a jit function cannot
 read. The conversion: on a GPU ``.to(tl.float8e4nv)`` of fp32 is the hardware's (cvt.rn.satfinite on
 sm_90: nearest even, saturating), after a clamp to +-448 that states the saturation whatever the
@@ -42,6 +47,7 @@ import triton
 import triton.language as tl
 
 from harness.spec.fp8 import AMAX_FLOOR, FP8_DTYPE, GROUP_BLOCK, contract_functions
+from impls.triton.kernels import _row_offsets, row_shape, row_strides
 
 INTERPRETED = tl.constexpr(os.environ.get("TRITON_INTERPRET", "0") == "1")
 # the widest row held in registers (elements; past it the chunked kernel)
@@ -125,8 +131,8 @@ def _quantize_blocks(y, Q, S, q_at, s_at, cols, mask, row_mask, G0, N,
 @triton.jit(do_not_specialize=["M", "eps"])
 def _fp8_row_kernel(
     X, R, W, Q, S, H, RSTD,
-    M, N, stride_x, stride_r, stride_h, stride_s, eps,
-    HAS_RESIDUAL: tl.constexpr, HAS_WEIGHT: tl.constexpr, PER_ROW: tl.constexpr,
+    M, N, stride_x, stride_r, stride_h, stride_s, eps, HEADS, stride_xh, stride_rh,
+    HAS_RESIDUAL: tl.constexpr, HAS_WEIGHT: tl.constexpr, PER_ROW: tl.constexpr, VIEWS: tl.constexpr,
     ROWS: tl.constexpr, BLOCK_N: tl.constexpr, GROUP: tl.constexpr, FLOOR: tl.constexpr,
 ):  # fmt: skip
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
@@ -135,7 +141,9 @@ def _fp8_row_kernel(
     col_mask = cols < N
     mask = row_mask[:, None] & col_mask[None, :]
     rows64 = rows.to(tl.int64)
-    x = _load_row(X, R, H, rows64 * stride_x, rows64 * stride_r, rows64 * stride_h, cols, mask, HAS_RESIDUAL)
+    x_at = _row_offsets(rows, stride_x, stride_xh, HEADS, VIEWS)
+    r_at = _row_offsets(rows, stride_r, stride_rh, HEADS, VIEWS)
+    x = _load_row(X, R, H, x_at, r_at, rows64 * stride_h, cols, mask, HAS_RESIDUAL)
     rstd = tl.rsqrt(tl.sum(x * x, axis=1) / N + eps)
     tl.store(RSTD + rows, rstd, mask=row_mask)
     y = x * rstd[:, None]
@@ -154,14 +162,16 @@ def _fp8_row_kernel(
 @triton.jit(do_not_specialize=["M", "eps"])
 def _fp8_chunked_kernel(
     X, R, W, Q, S, H, RSTD,
-    M, N, stride_x, stride_r, stride_h, stride_s, eps,
-    HAS_RESIDUAL: tl.constexpr, HAS_WEIGHT: tl.constexpr, PER_ROW: tl.constexpr,
+    M, N, stride_x, stride_r, stride_h, stride_s, eps, HEADS, stride_xh, stride_rh,
+    HAS_RESIDUAL: tl.constexpr, HAS_WEIGHT: tl.constexpr, PER_ROW: tl.constexpr, VIEWS: tl.constexpr,
     ROWS: tl.constexpr, CHUNK: tl.constexpr, GROUP: tl.constexpr, FLOOR: tl.constexpr,
 ):  # fmt: skip
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     row_mask = rows < M
     rows64 = rows.to(tl.int64)
-    x_at, r_at, h_at = rows64 * stride_x, rows64 * stride_r, rows64 * stride_h
+    x_at = _row_offsets(rows, stride_x, stride_xh, HEADS, VIEWS)
+    r_at = _row_offsets(rows, stride_r, stride_rh, HEADS, VIEWS)
+    h_at = rows64 * stride_h
     n_chunks = tl.cdiv(N, CHUNK)
     # pass 1: sum of squares, and per row the amax of |x * w| (rstd > 0 scales it to that of |y|)
     sum_sq = tl.zeros([ROWS, CHUNK], dtype=tl.float32)
@@ -204,26 +214,19 @@ def _fp8_chunked_kernel(
                              ROWS, CHUNK, GROUP, FLOOR)  # fmt: skip
 
 
-def _rows(t):
-    """(M, N) rows: the record reads per-head (T, H, N) views in place for the norms
-    (``row_views``); these kernels take them as rows, a copy where no (M, N) view exists."""
-    return t if t is None or t.dim() == 2 else t.reshape(-1, t.shape[-1])
-
-
 def _launch(x, residual, weight, eps, group):
-    x, residual = _rows(x), _rows(residual)
-    M, N = x.shape
+    M, N, heads = row_shape(x)
+    (sx, sxh), (sr, srh) = row_strides(x, heads), row_strides(residual if residual is not None else x, heads)
     per_row = group == N
     q = torch.empty((M, N), dtype=FP8_DTYPE, device=x.device)
     scale = torch.empty((M, N // group), dtype=torch.float32, device=x.device)
     rstd = torch.empty(M, dtype=torch.float32, device=x.device)
-    h = torch.empty_like(x) if residual is not None else None
+    h = torch.empty((M, N), dtype=x.dtype, device=x.device) if residual is not None else None
     block_n = triton.next_power_of_2(N)
     common = {"HAS_RESIDUAL": residual is not None, "HAS_WEIGHT": weight is not None, "PER_ROW": per_row,
-              "GROUP": group if not per_row else GROUP_BLOCK, "FLOOR": AMAX_FLOOR}  # fmt: skip
+              "GROUP": group if not per_row else GROUP_BLOCK, "FLOOR": AMAX_FLOOR, "VIEWS": heads > 0}  # fmt: skip
     args = (x, residual if residual is not None else x, weight if weight is not None else x, q, scale,
-            h if h is not None else x, rstd, M, N, x.stride(0),
-            residual.stride(0) if residual is not None else 0, N, scale.stride(0), eps)  # fmt: skip
+            h if h is not None else x, rstd, M, N, sx, sr, N, scale.stride(0), eps, max(heads, 1), sxh, srh)  # fmt: skip
     if block_n <= WHOLE_MAX:
         rows = max(1, min(64, ROW_ELEMENTS // block_n))
         warps = max(1, min(16, rows * block_n // 512))
