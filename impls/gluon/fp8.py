@@ -22,6 +22,11 @@ The scale is an IEEE division (``gl.div_rn``; a plain fp32 division is an approx
 y times its reciprocal. The cast is the hardware's (cvt.rn.satfinite on sm_90: nearest even,
 saturating) after a clamp that states the saturation. Gluon does not run in Triton's interpreter:
 without a GPU the tests compile these kernels for sm_90a (``compile_only``).
+
+x and the residual may be per-head (T, NH, N) views of a fused QKV tensor (``row_views``), of whose
+rows no (M, N) view exists: a reshape would copy them. They are read in place, as the norm kernels
+read theirs (``kernels._starts``: with ``HEADS`` row r is at (r // NH) * stride(0) + (r % NH) *
+stride(1), an integer division per row and only for views); q, the scales, h and rstd are (M, ...).
 """
 
 from __future__ import annotations
@@ -33,7 +38,7 @@ from triton.experimental.gluon import language as gl
 
 from harness.spec.fp8 import AMAX_FLOOR, FP8_DTYPE, GROUP_BLOCK, contract_functions
 
-from .kernels import compile_kernel
+from .kernels import _row_shape, _starts, _stride_args, compile_kernel
 from .plan import Plan, plan
 
 _COMPILE_ONLY: list = []
@@ -91,16 +96,18 @@ def _blocks(y, Q, S, q_at, rows, row_mask, mask, s_row, G0, N,
 @gluon.jit(do_not_specialize=["M", "eps"])
 def _fp8_kernel(
     X, R, W, Q, S, H, RSTD,
-    M, N, stride_x, stride_r, stride_h, eps,
+    M, N, NH, stride_x, hstride_x, stride_r, hstride_r, stride_h, eps,
     HAS_RESIDUAL: gl.constexpr, HAS_WEIGHT: gl.constexpr, PER_ROW: gl.constexpr, ROWS: gl.constexpr,
-    BLOCK_N: gl.constexpr, CHUNKED: gl.constexpr, GROUP: gl.constexpr, FLOOR: gl.constexpr,
+    BLOCK_N: gl.constexpr, CHUNKED: gl.constexpr, GROUP: gl.constexpr, FLOOR: gl.constexpr, HEADS: gl.constexpr,
     layout: gl.constexpr, s_layout: gl.constexpr,
 ):  # fmt: skip
     rows = gl.program_id(0) * ROWS + gl.arange(0, ROWS, layout=gl.SliceLayout(1, layout))
     chunk = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, layout))
     row_mask = rows < M
+    x_rows = _starts(rows, stride_x, hstride_x, NH, HEADS)
+    r_rows = _starts(rows, stride_r, hstride_r, NH, HEADS)
     rows64 = rows.to(gl.int64)
-    x_rows, r_rows, h_rows, q_rows = rows64 * stride_x, rows64 * stride_r, rows64 * stride_h, rows64 * N
+    h_rows, q_rows = rows64 * stride_h, rows64 * N
     if not CHUNKED:
         col_mask = chunk < N
         mask = gl.expand_dims(row_mask, 1) & gl.expand_dims(col_mask, 0)
@@ -194,14 +201,8 @@ class compile_only:
         return False
 
 
-def _rows(t):
-    """(M, N) rows (a per-head (T, H, N) view is copied where no such view exists)."""
-    return t if t is None or t.dim() == 2 else t.reshape(-1, t.shape[-1])
-
-
 def _run(x, residual, weight, eps, group):
-    x, residual = _rows(x), _rows(residual)
-    M, N = x.shape
+    M, N, heads = _row_shape(x)
     p: Plan = plan("fwd", N, x.element_size())
     t = p.tile
     per_row = group == N
@@ -210,15 +211,16 @@ def _run(x, residual, weight, eps, group):
     q = torch.empty((M, N), dtype=FP8_DTYPE, device=x.device)
     scale = torch.empty((M, N // group), dtype=torch.float32, device=x.device)
     rstd = torch.empty(M, dtype=torch.float32, device=x.device)
-    h = torch.empty_like(x) if residual is not None else None
+    h = x.new_empty((M, N)) if residual is not None else None
     args = dict(
         X=x, R=x if residual is None else residual, W=x if weight is None else weight, Q=q, S=scale,
-        H=x if h is None else h, RSTD=rstd, M=M, N=N, stride_x=x.stride(0),
-        stride_r=0 if residual is None else residual.stride(0), stride_h=0 if h is None else h.stride(0), eps=eps,
+        H=x if h is None else h, RSTD=rstd, M=M, N=N, NH=max(heads, 1), **_stride_args("x", x, heads),
+        **_stride_args("r", x if residual is None else residual, heads),
+        stride_h=0 if h is None else h.stride(0), eps=eps,
     )  # fmt: skip
     constexprs = dict(
         HAS_RESIDUAL=residual is not None, HAS_WEIGHT=weight is not None, PER_ROW=per_row, ROWS=t.rows,
-        BLOCK_N=t.width, CHUNKED=p.wide, GROUP=GROUP_BLOCK if per_row else group, FLOOR=AMAX_FLOOR,
+        BLOCK_N=t.width, CHUNKED=p.wide, GROUP=GROUP_BLOCK if per_row else group, FLOOR=AMAX_FLOOR, HEADS=heads > 0,
         layout=t.layout(), s_layout=gl.BlockedLayout([1, 1], [1, 32], [t.num_warps, 1], [1, 0]),
     )  # fmt: skip
     grid = (triton.cdiv(M, t.rows),)
