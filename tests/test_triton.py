@@ -468,66 +468,6 @@ def test_add_rmsnorm_and_fp32_weights(path, direction):
         )
 
 
-def _row_backward(summing, monkeypatch, layernorm: bool, m=300, n=200, seed=3):
-    """The row kernel's backward (dx, dw, db) at bf16 with ``kernels.summing`` replaced."""
-    IMPL.kernels(DEVICE)
-    from impls.triton import kernels as K
-
-    monkeypatch.setattr(K, "summing", summing)
-    g = torch.Generator().manual_seed(seed)
-    x, dy = (torch.randn(m, n, generator=g).to(DEVICE, torch.bfloat16) for _ in range(2))
-    w, b = (torch.randn(n, generator=g).to(DEVICE, torch.bfloat16) for _ in range(2))
-    _, mean, rstd, _ = K.norm_fwd(x, w, b if layernorm else None, 1e-6, layernorm)
-    return K.norm_bwd(dy, x, w, mean, rstd, layernorm, config=C.Config(rows=4, programs_per_sm=3, acc_rows=True))
-
-
-@pytest.mark.parametrize("layernorm", [False, True])
-def test_backward_sums_dweight_in_its_last_programs_as_the_sum_kernel_does(monkeypatch, layernorm):
-    """The row kernel's own sums (its last programs: ``_sum_when_all_posted``) give the bits of
-    the second launch's (``_sum_partials_kernel``), which adds the same partials in the same order."""
-    from impls.triton import kernels as K
-
-    IMPL.kernels(DEVICE)
-    fused = _row_backward(K.summing, monkeypatch, layernorm)
-    launched = _row_backward(lambda n, programs, sms: (0, 1, 1), monkeypatch, layernorm)
-    assert K.summing(200, 100, 0)[0] == 1  # the last program sums on the interpreter
-    for got, want in zip(fused, launched):
-        if want is not None:
-            assert torch.isfinite(got).all() and torch.equal(got, want)
-
-
-def test_a_summer_that_waits_out_its_bound_writes_nan_not_a_hang(monkeypatch):
-    """Two summers under the interpreter, whose programs run one after another: the first summer
-    waits for a program that has not run yet, gives up after the bound and leaves its strip NaN;
-    the last program's strip is summed."""
-    IMPL.kernels(DEVICE)
-    from impls.triton import kernels as K
-
-    if DEVICE != "cpu":
-        pytest.skip("the interpreter's order of programs")
-    monkeypatch.setattr(K, "SPIN_LIMIT", 3)
-    _, dw, _ = _row_backward(lambda n, programs, sms: (2, 128, 16), monkeypatch, layernorm=False, n=256)
-    # the next-to-last program takes the first strip, the last program the second
-    assert torch.isnan(dw[:128]).all() and torch.isfinite(dw[128:]).all()
-    _, want, _ = _row_backward(lambda n, programs, sms: (0, 1, 1), monkeypatch, layernorm=False, n=256)
-    assert torch.equal(dw[128:], want[128:])
-
-
-@pytest.mark.parametrize("n", [64, 128, 1001, 4096, 8192, 16384])
-@pytest.mark.parametrize("programs", [1, 7, 264, 528])
-def test_summers_cover_every_column_and_leave_half_the_sms(n, programs):
-    from impls.triton import kernels as K
-
-    summers, strip, block_p = K.summing(n, programs, 132)
-    assert 1 <= summers <= min(programs, 66) and summers * strip >= n > (summers - 1) * strip
-    # a strip's tile is no wider than the row tile the kernel holds anyway
-    assert strip == triton_next_pow2(strip) and (strip >= 32 or summers == 1) and block_p * strip <= max(4096, strip)
-
-
-def triton_next_pow2(v: int) -> int:
-    return 1 << (v - 1).bit_length()
-
-
 @pytest.mark.parametrize("path", ["row, M % rows != 0", "chunked / sliced with row sums", "row, realigned"])
 def test_add_rmsnorm_is_the_unfused_pair(path):
     """residual_out is torch's own x + residual (one rounding to x's dtype), and y / rstd are bit

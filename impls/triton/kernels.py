@@ -75,12 +75,8 @@ How a row is walked (``Config``, chosen per GPU and N bucket in ``configs``):
 
 The backward is persistent: a grid of a few programs per SM (``programs_per_sm``), each walking a
 contiguous range of row blocks, loading the next block while it computes the current one, and
-accumulating dw / db over its rows in fp32; it writes one partial row, and the partials are added
-in a fixed order (deterministic: no float atomics). The row kernel adds them itself: the last
-programs to finish each sum a column strip once every program has posted (``_sum_when_all_posted``,
-a ticket counter zeroed per call), which saves the second launch of ``_sum_partials_kernel`` (3.5
-us on an H100, a tenth of a (131072, 128) backward); the sliced and realigned kernels keep it. With
-many short rows to a tile the
+accumulating dw / db over its rows in fp32; it writes one partial row, and ``_sum_partials_kernel``
+adds the partials in a fixed order (deterministic, no atomics). With many short rows to a tile the
 accumulators are a whole [ROWS, N] tile (``acc_rows``), summed over the rows once at the end:
 summed per block instead, the column sums cross the warps that hold the tile's rows, a round trip
 through shared memory and a barrier on every block, which is what held short rows back. Why not one
@@ -788,11 +784,9 @@ def _norm_bwd_row_kernel(
     DY, X, W, MEAN, RSTD, DRES, DX, DW_PARTIAL, DB_PARTIAL,
     M, N, stride_dy, stride_x, stride_dres, stride_dx,
     HEADS, stride_dyh, stride_xh, stride_dresh, stride_dxh,
-    SUMS, POSTED, SUMMERS, SPIN,
     LAYERNORM: tl.constexpr, HAS_WEIGHT: tl.constexpr, HAS_DRESIDUAL: tl.constexpr,
     ROWS: tl.constexpr, BLOCK_N: tl.constexpr, VIEWS: tl.constexpr, REREAD: tl.constexpr, EXACT_N: tl.constexpr,
     PREFETCH: tl.constexpr, ACC_ROWS: tl.constexpr,
-    N_SUMS: tl.constexpr, STRIP: tl.constexpr, BLOCK_P: tl.constexpr,
 ):  # fmt: skip
     if EXACT_N:  # Config.exact_n (see the forward)
         N = EXACT_N
@@ -906,8 +900,6 @@ def _norm_bwd_row_kernel(
         tl.store(DW_PARTIAL + partial, dw, mask=col_mask)
     if LAYERNORM:
         tl.store(DB_PARTIAL + partial, db, mask=col_mask)
-    if N_SUMS:
-        _sum_when_all_posted(DW_PARTIAL, SUMS, POSTED, SUMMERS, SPIN, N, N_SUMS, STRIP, BLOCK_P)
 
 
 @triton.jit(do_not_specialize=["M"])
@@ -1152,67 +1144,16 @@ def _norm_bwd_slice_kernel(
 
 
 @triton.jit
-def _sum_columns(PARTIALS, OUT, k, P, N, cols, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr):
-    """OUT[k, cols] = sum over p of PARTIALS[k, p, cols], in fp32, always in the same order (the
-    partials read from L2: ``.cg``, as they were written by other SMs)."""
+def _sum_partials_kernel(PARTIALS, OUT, P, N, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr):
+    """OUT[k, :] = sum over p of PARTIALS[k, p, :], in fp32, always in the same order."""
+    cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    k = tl.program_id(1).to(tl.int64)
     acc = tl.zeros([BLOCK_P, BLOCK_N], dtype=tl.float32)
     for p0 in range(0, P, BLOCK_P):
         p = p0 + tl.arange(0, BLOCK_P)
         mask = (p < P)[:, None] & (cols < N)[None, :]
-        at = (k * P + p[:, None]).to(tl.int64) * N + cols[None, :]
-        acc += tl.load(PARTIALS + at, mask=mask, other=0.0, cache_modifier=".cg")
+        acc += tl.load(PARTIALS + (k * P + p[:, None]) * N + cols[None, :], mask=mask, other=0.0)
     tl.store(OUT + k * N + cols, tl.sum(acc, axis=0).to(OUT.dtype.element_ty), mask=cols < N)
-
-
-@triton.jit
-def _sum_partials_kernel(PARTIALS, OUT, P, N, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr):
-    """OUT[k, :] = sum over p of PARTIALS[k, p, :] (``_sum_columns``), one column strip a program."""
-    cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    _sum_columns(PARTIALS, OUT, tl.program_id(1), P, N, cols, BLOCK_P, BLOCK_N)
-
-
-@triton.jit
-def _sum_when_all_posted(PARTIALS, OUT, POSTED, SUMMERS, spin, N, N_SUMS: tl.constexpr, STRIP: tl.constexpr,
-                         BLOCK_P: tl.constexpr):  # fmt: skip
-    """The dw / db sums without a second launch: each program, its partial row written, takes a
-    ticket (POSTED, zeroed per call: one counter per launch, so that no state outlives a call and
-    no two launches share one); the last SUMMERS to arrive sum a column strip of STRIP each over
-    every partial row (``_sum_columns``, the order fixed whoever sums), once every program has
-    posted. The barrier puts every thread's partial stores before the ticket and the ticket's
-    release makes them visible with it; a summer's acquiring re-reads order its loads after every
-    post. Only the last arrivals wait, for programs that are already running, so the wait cannot
-    deadlock; it is bounded all the same (``spin``), and a summer that runs out writes NaN."""
-    P = tl.num_programs(0)
-    tl.debug_barrier()
-    ticket = tl.atomic_add(POSTED, 1, sem="release", scope="gpu")
-    strip = ticket - (P - SUMMERS)
-    if strip >= 0:
-        seen = ticket + 1
-        tries = 0
-        while (seen < P) & (tries < spin):
-            seen = tl.atomic_add(POSTED, 0, sem="acquire", scope="gpu")
-            tries += 1
-        seen = tl.atomic_add(POSTED, 0, sem="acquire", scope="gpu")
-        cols = strip * STRIP + tl.arange(0, STRIP)
-        for k in tl.static_range(N_SUMS):
-            if seen >= P:
-                _sum_columns(PARTIALS, OUT, k, P, N, cols, BLOCK_P, STRIP)
-            else:
-                tl.store(OUT + k * N + cols, tl.full([STRIP], float("nan"), tl.float32).to(OUT.dtype.element_ty),
-                         mask=cols < N)  # fmt: skip
-
-
-def summing(n: int, programs: int, sms: int) -> tuple[int, int, int]:
-    """(summers, strip, partial rows per step) of the row kernel's own dw / db sums
-    (``_sum_when_all_posted``) on a GPU of ``sms`` SMs: strips of 32 columns and up, over at most
-    half the SMs (the summers wait, and must leave the SMs to the programs they wait for) and never
-    more than the programs. Under the interpreter (``sms`` 0), whose programs run one after
-    another, the last program sums every column. No summers: ``_sum_partials_kernel`` sums them."""
-    if not sms:
-        return 1, bucket(n), 16
-    want = max(1, min(triton.cdiv(n, 32), sms // 2, programs))
-    strip = triton.next_power_of_2(triton.cdiv(n, want))
-    return triton.cdiv(n, strip), strip, max(1, 4096 // strip)
 
 
 def launch_bwd(cfg: Config, dy, x, weight, mean, rstd, layernorm: bool, dx, sums, dresidual=None):
@@ -1275,17 +1216,15 @@ def launch_bwd(cfg: Config, dy, x, weight, mean, rstd, layernorm: bool, dx, sums
         if held_key is not None and held_key not in _SYNC_HELD:
             _SYNC_HELD[held_key] = held(compiled, cfg.warps)
     else:
-        summers, strip, block_p = summing(N, partial_rows, sm_count(x.device) if x.is_cuda else 0) if n_sums else (0, 1, 1)
-        posted = torch.zeros(1, dtype=torch.int32, device=x.device) if summers else rstd
-        compiled = fast(_norm_bwd_row_kernel)[(partial_rows,)](
+        args = (
             dy, x, w, mean, rstd, dres, dx, partials[0], partials[n_sums - 1],
-            M, N, sdy, sx, sdres, sdx, max(heads, 1), sdyh, sxh, sdresh, sdxh, sums, posted, summers, SPIN_LIMIT,
-            layernorm, weight is not None, dresidual is not None, cfg.rows, bucket(N), heads > 0, cfg.reread,
-            N if cfg.exact_n else 0, cfg.prefetch, cfg.acc_rows, n_sums if summers else 0, strip, block_p,
+            M, N, sdy, sx, sdres, sdx, max(heads, 1), sdyh, sxh, sdresh, sdxh,
+            layernorm, weight is not None, dresidual is not None, cfg.rows,
+        )  # fmt: skip
+        compiled = fast(_norm_bwd_row_kernel)[(partial_rows,)](
+            *args, bucket(N), heads > 0, cfg.reread, N if cfg.exact_n else 0, cfg.prefetch, cfg.acc_rows,
             num_warps=cfg.warps,
         )  # fmt: skip
-        if summers:
-            return compiled
     if n_sums:
         if x.is_cuda:
             # narrow column strips, so that even N = 1024 spreads over dozens of SMs: a handful of

@@ -161,11 +161,7 @@ def build_config(op: str, direction: str, n: int, cfg: C.Config, x_dtype="bf16",
         if cfg.sync:  # the posted row sums: int64 slots
             pointers = {**pointers, "ROW_SUMS": "i64"}
         return build(K._norm_bwd_slice_kernel, pointers, {**flags, **sliced}, cfg.warps, odd)
-    # the kernel's own dw / db sums, as launched on a 132-SM GPU (the H100's and the H200's)
-    _, strip, block_p = K.summing(n, cfg.programs_per_sm * 132, 132)
-    row = {**flags, **whole_row, "REREAD": cfg.reread, "PREFETCH": cfg.prefetch, "ACC_ROWS": cfg.acc_rows,
-           "N_SUMS": 1 + layernorm, "STRIP": strip, "BLOCK_P": block_p}  # fmt: skip
-    pointers = {**pointers, "SUMS": w_dtype, "POSTED": "i32"}
+    row = {**flags, **whole_row, "REREAD": cfg.reread, "PREFETCH": cfg.prefetch, "ACC_ROWS": cfg.acc_rows}
     return build(K._norm_bwd_row_kernel, pointers, row, cfg.warps, odd)
 
 
