@@ -8,13 +8,15 @@ Per row of N elements, in fp32 (x, residual and w upcast right after loading):
     q     = e4m3fn(y / scale): round to nearest even, saturating at +-448
     add + RMSNorm   h = round_to_x_dtype(x + residual), stored (residual_out); the above on h as stored
 
-How a row is walked:
+How a row is walked: as the norm forward walks it (``launch_shape``: on a GPU the rows, warps and
+chunk of the RMSNorm or fused-add forward's config for N, pinned per GPU in ``configs.json``), in
+one of two kernels:
 
-* whole row (next_pow2(N) <= ``WHOLE_MAX``): a [ROWS, next_pow2(N)] tile in registers. The scales
+* whole row: a [ROWS, next_pow2(N)] tile in registers. The scales
   are the amax of y itself: per row a row reduction; per 1 x 128 block the tile is viewed as
   [ROWS, BLOCK_N / 128, 128] and reduced along its last axis (the blocks never cross a row: N is a
   multiple of 128), so q = y / scale broadcasts one scale over its block;
-* chunked (wider rows): pass 1 walks the row in CHUNK columns for the sum of squares (storing h for
+* chunked (wider rows: the config's chunk, or its slice): pass 1 walks the row in CHUNK columns for the sum of squares (storing h for
   the fused add) and, per row, the amax of |x * w|, whose product with rstd (> 0) is the amax of
   |y| up to fp32's rounding; pass 2 walks it again, last chunk first (still in L2), for y and q,
   and per 1 x 128 block takes each block's amax there (CHUNK is a multiple of 128). x is read twice,
@@ -47,14 +49,14 @@ import triton
 import triton.language as tl
 
 from harness.spec.fp8 import AMAX_FLOOR, FP8_DTYPE, GROUP_BLOCK, contract_functions
+from impls.triton.configs import choose
 from impls.triton.kernels import _row_offsets, row_shape, row_strides
 
 INTERPRETED = tl.constexpr(os.environ.get("TRITON_INTERPRET", "0") == "1")
-# the widest row held in registers (elements; past it the chunked kernel)
+# the interpreter's launch shape: the widest row held in registers (elements; past it the chunked
+# kernel in CHUNK columns a step), and ROW_ELEMENTS at least to a program (several narrow rows)
 WHOLE_MAX = 16384
-# elements a whole-row program covers at least (several rows of a narrow N share one program)
 ROW_ELEMENTS = 4096
-# the chunked kernel's columns per step
 CHUNK = 4096
 
 
@@ -222,18 +224,32 @@ def _launch(x, residual, weight, eps, group):
     scale = torch.empty((M, N // group), dtype=torch.float32, device=x.device)
     rstd = torch.empty(M, dtype=torch.float32, device=x.device)
     h = torch.empty((M, N), dtype=x.dtype, device=x.device) if residual is not None else None
-    block_n = triton.next_power_of_2(N)
+    rows, warps, chunk = launch_shape(N, residual is not None, x.device, x.dtype)
     common = {"HAS_RESIDUAL": residual is not None, "HAS_WEIGHT": weight is not None, "PER_ROW": per_row,
               "GROUP": group if not per_row else GROUP_BLOCK, "FLOOR": AMAX_FLOOR, "VIEWS": heads > 0}  # fmt: skip
     args = (x, residual if residual is not None else x, weight if weight is not None else x, q, scale,
             h if h is not None else x, rstd, M, N, sx, sr, N, scale.stride(0), eps, max(heads, 1), sxh, srh)  # fmt: skip
-    if block_n <= WHOLE_MAX:
-        rows = max(1, min(64, ROW_ELEMENTS // block_n))
-        warps = max(1, min(16, rows * block_n // 512))
-        _fp8_row_kernel[(triton.cdiv(M, rows),)](*args, ROWS=rows, BLOCK_N=block_n, num_warps=warps, **common)
+    if chunk:
+        _fp8_chunked_kernel[(triton.cdiv(M, rows),)](*args, ROWS=rows, CHUNK=chunk, num_warps=warps, **common)
     else:
-        _fp8_chunked_kernel[(M,)](*args, ROWS=1, CHUNK=CHUNK, num_warps=8, **common)
+        block_n = triton.next_power_of_2(N)
+        _fp8_row_kernel[(triton.cdiv(M, rows),)](*args, ROWS=rows, BLOCK_N=block_n, num_warps=warps, **common)
     return q, scale, h, rstd
+
+
+def launch_shape(n: int, fused: bool, device: torch.device, dtype) -> tuple[int, int, int]:
+    """(rows a program, warps, chunk: 0 for the whole row in registers). On a GPU, the norm
+    forward's own (``configs.choose`` for RMSNorm, or the fused add): the same row walked the same
+    way, with a one-byte q for y; a sliced forward's slice is the chunk. On the interpreter, few
+    programs and big tiles."""
+    if device.type == "cuda":
+        cfg = choose("add_rmsnorm" if fused else "rmsnorm", "fwd", n, device, None, dtype)
+        return cfg.rows, cfg.warps, cfg.chunk or cfg.slice
+    block_n = triton.next_power_of_2(n)
+    if block_n > WHOLE_MAX:
+        return 1, 8, CHUNK
+    rows = max(1, min(64, ROW_ELEMENTS // block_n))
+    return rows, max(1, min(16, rows * block_n // 512)), 0
 
 
 rmsnorm_fp8_fwd, add_rmsnorm_fp8_fwd = contract_functions(_launch)
