@@ -680,3 +680,37 @@ def test_autotune_mode_picks_a_candidate(monkeypatch):
     r = run_check(IMPL, "rmsnorm", "bwd", Shape((512, 2880)), "bf16", "cuda", kernels=kernels)
     assert r.passed, r.summary()
     assert any(k[1:4] == ("rmsnorm", "bwd", 4096) for k in C._SEARCHED)
+
+
+def test_fp8_launch_shapes_read_their_table_then_the_heuristic(monkeypatch):
+    """The FP8 ops' launch shapes (``fp8.resolve``): an exact N's entry, else its bucket's, else the
+    heuristic; every entry a shape the kernels take; and the config source the benchmark records."""
+    IMPL.kernels(DEVICE)
+    from harness.spec.ops import FP8_OPS, expand_ops
+    from impls.triton import fp8
+
+    ops = set(expand_ops(FP8_OPS))
+    for gpu, table in fp8._tables().items():
+        for op, by_n in table.items():
+            assert op in ops, f"{gpu}: {op}"
+            for n, e in by_n.items():
+                assert set(e) == {"rows", "warps", "chunk"} and e["rows"] & (e["rows"] - 1) == 0, (gpu, op, n)
+                assert e["warps"] in (1, 2, 4, 8, 16, 32) and (e["chunk"] == 0 or C.bucket(e["chunk"]) == e["chunk"] >= 128)
+    h100 = "NVIDIA H100 80GB HBM3"
+    monkeypatch.setattr(fp8, "device_name", lambda d: h100)
+    monkeypatch.setattr(fp8, "capability_of", lambda d: (9, 0))
+    gpu = torch.device("cuda")
+    by_n = fp8._tables()[h100]["rmsnorm_fp8_token"]
+    exact = next(n for n in by_n if C.bucket(int(n)) != int(n))
+    e = by_n[exact]
+    assert fp8.resolve("rmsnorm_fp8_token", int(exact), gpu) == ((e["rows"], e["warps"], e["chunk"]), "tuned")
+    bucket = next(n for n in by_n if C.bucket(int(n)) == int(n) and str(int(n) // 2 + 1) not in by_n)
+    e = by_n[bucket]
+    assert fp8.resolve("rmsnorm_fp8_token", int(bucket) // 2 + 1, gpu)[0] == (e["rows"], e["warps"], e["chunk"])
+    missing = next(n for n in (64, 128, 512, 1024, 2048) if str(n) not in by_n)
+    assert fp8.resolve("rmsnorm_fp8_token", missing, gpu) == (fp8.heuristic(missing),
+                                                              f"heuristic (no entry for N={missing} in the table of {h100})")  # fmt: skip
+    assert C.source("rmsnorm_fp8_token", "fwd", int(exact), "bf16", gpu) == "tuned"
+    monkeypatch.setattr(fp8, "device_name", lambda d: "a GPU of another architecture")
+    monkeypatch.setattr(fp8, "capability_of", lambda d: (8, 0))
+    assert fp8.resolve("rmsnorm_fp8_token", int(exact), gpu) == (fp8.heuristic(int(exact)), "heuristic")

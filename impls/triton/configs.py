@@ -391,6 +391,10 @@ def lookup(gpu: str, op: str, direction: str, n: int, capability=None, odd: bool
 
 def source(op: str, direction: str, n: int, dtype: str, device) -> str:
     """Where the config of one launch comes from (the benchmark records it per point)."""
+    if "fp8" in op:  # the FP8 ops' launch shapes have a table of their own (``fp8.resolve``)
+        from . import fp8
+
+        return fp8.source(op, n, device)
     if device.type != "cuda":
         return "interpreter"
     if os.environ.get(AUTOTUNE_ENV, "0") == "1":

@@ -8,9 +8,8 @@ Per row of N elements, in fp32 (x, residual and w upcast right after loading):
     q     = e4m3fn(y / scale): round to nearest even, saturating at +-448
     add + RMSNorm   h = round_to_x_dtype(x + residual), stored (residual_out); the above on h as stored
 
-How a row is walked: as the norm forward walks it (``launch_shape``: on a GPU the rows, warps and
-chunk of the RMSNorm or fused-add forward's config for N, pinned per GPU in ``configs.json``), in
-one of two kernels:
+How a row is walked (rows a program, warps, chunk: ``resolve``, pinned per GPU, op and N in
+``fp8_configs.json`` where a measured candidate beat the heuristic), in one of two kernels:
 
 * whole row: a [ROWS, next_pow2(N)] tile in registers. The scales
   are the amax of y itself: per row a row reduction; per 1 x 128 block the tile is viewed as
@@ -42,6 +41,8 @@ per-token case is (M, 1)).
 
 from __future__ import annotations
 
+import functools
+import json
 import os
 
 import torch
@@ -49,11 +50,14 @@ import triton
 import triton.language as tl
 
 from harness.spec.fp8 import AMAX_FLOOR, FP8_DTYPE, GROUP_BLOCK, contract_functions
-from impls.triton.configs import choose
+from harness.spec.tuned import capability_of, table_for
+from impls.triton.configs import device_name
 from impls.triton.kernels import _row_offsets, row_shape, row_strides
 
 INTERPRETED = tl.constexpr(os.environ.get("TRITON_INTERPRET", "0") == "1")
-# the interpreter's launch shape: the widest row held in registers (elements; past it the chunked
+# launch shapes measured per GPU (``resolve``)
+CONFIG_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fp8_configs.json")
+# the heuristic's launch shape: the widest row held in registers (elements; past it the chunked
 # kernel in CHUNK columns a step), and ROW_ELEMENTS at least to a program (several narrow rows)
 WHOLE_MAX = 16384
 ROW_ELEMENTS = 4096
@@ -224,7 +228,7 @@ def _launch(x, residual, weight, eps, group):
     scale = torch.empty((M, N // group), dtype=torch.float32, device=x.device)
     rstd = torch.empty(M, dtype=torch.float32, device=x.device)
     h = torch.empty((M, N), dtype=x.dtype, device=x.device) if residual is not None else None
-    rows, warps, chunk = launch_shape(N, residual is not None, x.device, x.dtype)
+    rows, warps, chunk = launch_shape(N, residual is not None, per_row, x.device)
     common = {"HAS_RESIDUAL": residual is not None, "HAS_WEIGHT": weight is not None, "PER_ROW": per_row,
               "GROUP": group if not per_row else GROUP_BLOCK, "FLOOR": AMAX_FLOOR, "VIEWS": heads > 0}  # fmt: skip
     args = (x, residual if residual is not None else x, weight if weight is not None else x, q, scale,
@@ -237,19 +241,50 @@ def _launch(x, residual, weight, eps, group):
     return q, scale, h, rstd
 
 
-def launch_shape(n: int, fused: bool, device: torch.device, dtype) -> tuple[int, int, int]:
-    """(rows a program, warps, chunk: 0 for the whole row in registers). On a GPU, the norm
-    forward's own (``configs.choose`` for RMSNorm, or the fused add): the same row walked the same
-    way, with a one-byte q for y; a sliced forward's slice is the chunk. On the interpreter, few
-    programs and big tiles."""
-    if device.type == "cuda":
-        cfg = choose("add_rmsnorm" if fused else "rmsnorm", "fwd", n, device, None, dtype)
-        return cfg.rows, cfg.warps, cfg.chunk or cfg.slice
+def op_name(fused: bool, per_row: bool) -> str:
+    return f"{'add_' if fused else ''}rmsnorm_fp8_{'token' if per_row else 'g128'}"
+
+
+@functools.cache
+def _tables() -> dict:
+    with open(CONFIG_FILE) as f:
+        return {k: v for k, v in json.load(f).items() if not k.startswith("_")}
+
+
+def resolve(op: str, n: int, device: torch.device) -> tuple[tuple[int, int, int], str]:
+    """((rows a program, warps, chunk: 0 for the whole row in registers), where it comes from):
+    the entry of ``CONFIG_FILE`` for this GPU (or one of its compute capability), op and exactly N,
+    else N's power-of-two bucket; else ``heuristic``."""
+    if device.type != "cuda":
+        return heuristic(n), "interpreter"
+    try:
+        gpu, how = table_for(device_name(device), _tables(), capability_of(device))
+    except ValueError:  # a NORMBENCH_CONFIGS override naming a GPU without FP8 entries
+        gpu, how = None, ""
+    by_n = _tables()[gpu].get(op, {}) if gpu else {}
+    entry = by_n.get(str(n)) or by_n.get(str(triton.next_power_of_2(n)))
+    if entry is None:
+        return heuristic(n), "heuristic" if gpu is None else f"heuristic (no entry for N={n} in the table of {gpu})"
+    return (entry["rows"], entry["warps"], entry["chunk"]), how
+
+
+def heuristic(n: int) -> tuple[int, int, int]:
+    """Rows of at least ROW_ELEMENTS to a program, 512 elements a warp, up to 16 warps; rows past
+    WHOLE_MAX in CHUNK columns on 8 warps."""
     block_n = triton.next_power_of_2(n)
     if block_n > WHOLE_MAX:
         return 1, 8, CHUNK
     rows = max(1, min(64, ROW_ELEMENTS // block_n))
     return rows, max(1, min(16, rows * block_n // 512)), 0
+
+
+def launch_shape(n: int, fused: bool, per_row: bool, device: torch.device) -> tuple[int, int, int]:
+    return resolve(op_name(fused, per_row), n, device)[0]
+
+
+def source(op: str, n: int, device) -> str:
+    """Where one launch's shape comes from (the benchmark records it per point)."""
+    return resolve(op, n, device)[1]
 
 
 rmsnorm_fp8_fwd, add_rmsnorm_fp8_fwd = contract_functions(_launch)

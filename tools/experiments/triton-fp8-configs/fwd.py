@@ -1,7 +1,9 @@
-"""Triton's FP8-output norms launched as the norm forward's config walks the row (``fp8.launch_shape``:
-the RMSNorm / fused-add forward's pinned rows, warps and chunk; "table") against the fixed shape
-they had before ("heuristic": rows of at least 4096 elements to a program, 512 elements a warp, up
-to 16 warps; rows past 16384 chunked in 4096 columns on 8 warps). Per op (rmsnorm_fp8,
+"""Triton's FP8-output norms launched as the norm forward's config walks the row ("table": the
+RMSNorm / fused-add forward's pinned rows, warps and chunk, or slice as the chunk) against
+``fp8.heuristic`` ("heuristic": rows of at least 4096 elements to a program, 512 elements a warp,
+up to 16 warps; rows past 16384 chunked in 4096 columns on 8 warps), ``fp8.launch_shape`` patched
+to each in turn. The better of the two per point, where it beat the heuristic by more than a
+point, is what ``fp8_configs.json`` pins. Per op (rmsnorm_fp8,
 add_rmsnorm_fp8), grouping (per token, 1 x 128) and N of the sweep, between and small sets
 (M = 2^27 / N, bf16, bf16 weight): whether both variants' outputs agree bit for bit (another
 number of warps may add a row's squares in another order, so a last bit of rstd may differ), then
@@ -26,24 +28,24 @@ sys.path.insert(0, os.getcwd())
 sys.path.insert(0, os.path.dirname(HERE))
 
 import torch  # noqa: E402
-import triton  # noqa: E402
 from gpu_timing import finish_meta, start_meta  # noqa: E402
 
 from harness.run.timer import CudaTimer  # noqa: E402
 from harness.spec.roofline import bytes_moved  # noqa: E402
 from harness.spec.shapes import BETWEEN_N, SMALL_N, SWEEP_N  # noqa: E402
 from impls.triton import fp8  # noqa: E402
+from impls.triton.configs import choose  # noqa: E402
 
 ELEMS = 2**27
 
 
-def heuristic(n: int, fused: bool, device, dtype) -> tuple[int, int, int]:
-    """The launch shape before the configs were borrowed."""
-    block_n = triton.next_power_of_2(n)
-    if block_n > 16384:
-        return 1, 8, 4096
-    rows = max(1, min(64, 4096 // block_n))
-    return rows, max(1, min(16, rows * block_n // 512)), 0
+def borrowed(n: int, fused: bool, per_row: bool, device) -> tuple[int, int, int]:
+    cfg = choose("add_rmsnorm" if fused else "rmsnorm", "fwd", n, device, None, torch.bfloat16)
+    return cfg.rows, cfg.warps, cfg.chunk or cfg.slice
+
+
+def heuristic(n: int, fused: bool, per_row: bool, device) -> tuple[int, int, int]:
+    return fp8.heuristic(n)
 
 
 def main(out: str, ns) -> None:
@@ -53,7 +55,7 @@ def main(out: str, ns) -> None:
     timer = CudaTimer(warmup_ms=5, rep_ms=25, trials=1)
     gen = torch.Generator(device="cuda").manual_seed(0)
     table = fp8.launch_shape
-    variants = {"table": table, "heuristic": heuristic}
+    variants = {"table": borrowed, "heuristic": heuristic}
     with open(os.path.join(out, "results.jsonl"), "w") as f:
         for n in ns:
             m = ELEMS // n
@@ -61,7 +63,7 @@ def main(out: str, ns) -> None:
             res = torch.randn(m, n, device="cuda", dtype=torch.bfloat16, generator=gen)
             w = torch.randn(n, device="cuda", dtype=torch.bfloat16, generator=gen)
             for op in ("rmsnorm_fp8", "add_rmsnorm_fp8"):
-                for group in (n, 128):
+                for group in sorted({n, 128}, reverse=True):
                     if n % group:
                         continue
                     name = f"{op}_{'token' if group == n else 'g128'}"
@@ -71,7 +73,7 @@ def main(out: str, ns) -> None:
                     for v, shape in variants.items():
                         fp8.launch_shape = shape
                         try:
-                            rec["shape"][v] = shape(n, residual is not None, x.device, x.dtype)
+                            rec["shape"][v] = shape(n, residual is not None, group == n, x.device)
                             outs[v] = fp8._launch(x, residual, w, 1e-6, group)
                         finally:
                             fp8.launch_shape = table
