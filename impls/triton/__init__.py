@@ -21,6 +21,7 @@ IMPLEMENTATIONS = [
         interpreter="TRITON_INTERPRET",
         sources=(
             "impls/triton/kernels.py", "impls/triton/configs.py", "impls/triton/configs.json", "impls/triton/fp8.py",
+            "impls/triton/fp8_configs.json",
         ),  # fmt: skip
         hooks={"tune": "impls.triton.tune:tune", "config_source": "impls.triton.configs:source"},
     )
