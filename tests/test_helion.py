@@ -797,13 +797,15 @@ def _force_sync(monkeypatch, op: str) -> str:
 
 
 def _launched(monkeypatch, compiled: bool, adjust=None) -> list:
-    """The kernels the contract functions launch from now on: in Helion's eager mode, or compiled to
-    Triton (for its interpreter), each compiled config through ``adjust(kernel, config)`` if given."""
+    """The kernels the contract functions launch from now on, but the sum of a backward's partial
+    rows (``kernels.summed``, after every backward): in Helion's eager mode, or compiled to Triton
+    (for its interpreter), each compiled config through ``adjust(kernel, config)`` if given."""
     ran = []
     launch = kernels.launch
 
     def run(kernel, config, *args):
-        ran.append(kernel.name)
+        if kernel is not kernels.sum_partials_kernel:
+            ran.append(kernel.name)
         if not compiled:
             return launch(kernel, config, *args)
         bound = kernel.bind(args)
@@ -1185,3 +1187,20 @@ def test_exchanging_forward_builds_for_sm90a():
     assert proc.returncode == 0, proc.stderr[-2000:]
     built = json.loads(proc.stdout.strip().splitlines()[-1])
     assert built == {"rmsnorm 24576": [1, 1], "layernorm 24576": [2, 1], "add_rmsnorm 24576": [1, 1]}, built
+
+
+@pytest.mark.parametrize("p, n", [(7, 128), (300, 1000), (5, 40)])
+def test_partial_rows_are_summed_in_one_kernel(p, n, monkeypatch):
+    """``kernels.summed``, what every backward's dw and db come from: the fp32 sum over the partial
+    rows cast once to the parameter's dtype, in Helion's eager mode and in the Triton Helion
+    generates for it (the interpreter), the same bits on every call."""
+    g = torch.Generator().manual_seed(p)
+    partial = torch.randn(p, n, generator=g)
+    want = partial.double().sum(0)
+    eager = kernels.summed(partial, torch.bfloat16)
+    assert eager.dtype == torch.bfloat16 and eager.shape == (n,)
+    torch.testing.assert_close(eager.double(), want.to(torch.bfloat16).double(), rtol=2**-7, atol=1e-5)
+    _launched(monkeypatch, compiled=True)
+    compiled = kernels.summed(partial, torch.float32)
+    torch.testing.assert_close(compiled.double(), want, rtol=1e-5, atol=1e-5)
+    assert torch.equal(compiled, kernels.summed(partial, torch.float32))
