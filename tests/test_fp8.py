@@ -302,6 +302,96 @@ def test_helion_generated_triton_under_the_interpreter(op, monkeypatch):
     assert all(r.passed for r in reports), [f"{r.name}: {r.reason}" for r in reports if not r.passed]
 
 
+def test_helion_fp8_reads_per_head_views_in_place():
+    """Per-head (T, H, N) views (row_views: heads 1-3 of a 7-head parent, no (M, N) view of their
+    rows) reach Helion's FP8 kernels uncopied: no clone or copy of x's or residual's storage during
+    the call (a reshape of such a view is a clone), in Helion's eager mode, for both groupings, with
+    a residual that is itself a view or contiguous, and weights of x's dtype, fp32 or none; the
+    outputs against the fp64 reference as the checker holds them."""
+    pytest.importorskip("helion")
+    import sys
+    from types import SimpleNamespace
+
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._pytree import tree_flatten
+
+    from harness.registry import get
+
+    impl = get("helion")
+    if impl.unavailable("cpu"):
+        pytest.skip(f"helion: {impl.unavailable('cpu')}")
+    aten = torch.ops.aten
+
+    def tile_load() -> bool:
+        """Whether the copy being dispatched is Helion's eager mode loading a tile: Helion 1.5's
+        ref_mode.device_load clones a subscript of a tensor (what a GPU loads into registers)."""
+        frame = sys._getframe()
+        while frame is not None:
+            if frame.f_code.co_name == "device_load" and "ref_mode" in frame.f_code.co_filename:
+                return True
+            frame = frame.f_back
+        return False
+
+    class CopySpy(TorchDispatchMode):
+        """Records every clone or copy (a ``_to_copy`` too, where it keeps the dtype: one that
+        converts is a tile's load) that reads or writes one of ``storages``, but a tile's load."""
+
+        def __init__(self):
+            super().__init__()
+            self.storages, self.seen = set(), []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            op = func.overloadpacket
+            copy = op in (aten.clone, aten.contiguous, aten.copy_, aten.copy) or (
+                op is aten._to_copy and kwargs.get("dtype", args[0].dtype) == args[0].dtype
+            )
+            if copy and not tile_load():
+                tensors = [a for a in tree_flatten((args, kwargs))[0] if isinstance(a, torch.Tensor)]
+                if any(t.untyped_storage().data_ptr() in self.storages for t in tensors):
+                    self.seen.append(str(func))
+            return func(*args, **kwargs)
+
+    spy = CopySpy()
+
+    def spied(fn):
+        def call(*args):
+            with spy:
+                return fn(*args)
+
+        return call
+
+    k = impl.kernels("cpu")
+    spied_k = SimpleNamespace(**{f: spied(getattr(k, f)) for f in ("rmsnorm_fp8_fwd", "add_rmsnorm_fp8_fwd")})
+    g = torch.Generator().manual_seed(11)
+
+    def heads(span: tuple[int, int] | None) -> torch.Tensor:
+        """Heads ``span`` (three of 256) of a seeded (5, 7, 256) bf16 parent; None: a contiguous (5, 3, 256)."""
+        if span is None:
+            return torch.randn(5, 3, 256, generator=g).bfloat16()
+        return torch.randn(5, 7, 256, generator=g).bfloat16()[:, span[0] : span[1]]
+
+    shape, runs = Shape((5, 3, 256)), 0  # make_case for the parameters and eps; x and residual below
+    for op in FP8_OPS:
+        rec = get_op(op)
+        for weights, affine in (("same", True), ("fp32", True), ("same", False)):
+            for residual in ("view", "contiguous") if "residual" in rec.inputs else (None,):
+                case = make_case(op, shape, torch.bfloat16, "cpu", seed=runs, affine=affine, weights=weights)
+                case["x"] = heads((1, 4))
+                if residual is not None:
+                    case["residual"] = heads((2, 5) if residual == "view" else None)
+                assert case["x"].dim() == 3 and not case["x"].is_contiguous()
+                spy.storages = {case[t].untyped_storage().data_ptr() for t in ("x", "residual") if t in case}
+                spy.seen = []
+                reports = _check_tensors(spied_k, rec, "fwd", case, rounded=impl.rounds_before_quantizing)
+                where = (op, weights, affine, residual)
+                assert not spy.seen, (where, f"copies of a per-head view: {spy.seen}")
+                bad = [f"{r.name}: {r.reason}" for r in reports if not r.passed]
+                assert not bad, (where, bad)
+                runs += 1
+    assert runs == 18
+
+
 # ---------------------------------------------------------------- bytes model and benchmark plan
 def test_forward_only_ops_in_the_bytes_model_and_the_plan():
     from harness.run.bench import plan
@@ -371,3 +461,48 @@ def test_gluon_compiles_for_sm90a_with_the_hardware_conversion(n, dtype):
             if dtype != torch.float32 and residual is None:
                 packed = "st.global.v2.b32" in ptx
                 assert packed == (n % 16 == 0), f"N = {n}, group {group}: q stored 8 bytes a thread: {packed}"
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("triton") is None or importlib.util.find_spec("triton.experimental.gluon") is None,
+    reason="triton with triton.experimental.gluon is not installed",
+)
+@pytest.mark.parametrize("n,group", [(256, 256), (256, 128), (65536, 65536), (65536, 128)])
+@pytest.mark.parametrize("fused_add", [False, True], ids=["rmsnorm_fp8", "add_rmsnorm_fp8"])
+def test_gluon_fp8_compiles_for_per_head_views_for_sm90a(n, group, fused_add, monkeypatch):
+    """Per-head (T, H, N) views (3 of 7 heads of a fused tensor; the residual a contiguous (T, H, N)
+    tensor, strides unlike x's) reach the FP8 kernel, whole-row and chunked, in place: the launch gets
+    their own pointers and (token, head) strides with HEADS set, and x is still read in 128-bit vectors."""
+    from impls.gluon import fp8 as gfp8
+
+    from .gpu_only_dsl import toolchain_absent
+
+    x = torch.randn(5, 7, n).to(torch.bfloat16)[:, 1:4]
+    residual = torch.randn(5, 3, n).to(torch.bfloat16)
+    w = torch.ones(n)
+    launches = []
+    compile_kernel = gfp8.compile_kernel
+
+    def recorded(kernel, args, constexprs, num_warps):
+        launches.append((args, constexprs))
+        return compile_kernel(kernel, args, constexprs, num_warps)
+
+    monkeypatch.setattr(gfp8, "compile_kernel", recorded)
+    try:
+        with gfp8.compile_only() as compiled:
+            if fused_add:
+                gfp8.add_rmsnorm_fp8_fwd(x, residual, w, 1e-5, group)
+            else:
+                gfp8.rmsnorm_fp8_fwd(x, w, 1e-5, group)
+    except Exception as e:
+        why = toolchain_absent(e)
+        if why is None:
+            raise
+        pytest.skip(f"Gluon cannot compile for sm_90a here: {why}")
+    ((args, constexprs),), (kernel,) = launches, compiled
+    views = [("x", "X", x)] + [("r", "R", residual)] * fused_add
+    for name, arg, view in views:
+        assert args[arg].data_ptr() == view.data_ptr(), f"{name} copied"
+        assert (args[f"stride_{name}"], args[f"hstride_{name}"]) == view.stride()[:2], name
+    assert constexprs["HEADS"] and args["NH"] == 3
+    assert "ld.global.v4" in kernel.asm["ptx"], (n, group)

@@ -1189,7 +1189,7 @@ def test_exchanging_forward_builds_for_sm90a():
     assert built == {"rmsnorm 24576": [1, 1], "layernorm 24576": [2, 1], "add_rmsnorm 24576": [1, 1]}, built
 
 
-@pytest.mark.parametrize("p, n", [(7, 128), (300, 1000), (5, 40)])
+@pytest.mark.parametrize("p, n", [(7, 128), (300, 1000), (5, 200)])
 def test_partial_rows_are_summed_in_one_kernel(p, n, monkeypatch):
     """``kernels.summed``, what every backward's dw and db come from: the fp32 sum over the partial
     rows cast once to the parameter's dtype, in Helion's eager mode and in the Triton Helion

@@ -714,3 +714,40 @@ def test_fp8_launch_shapes_read_their_table_then_the_heuristic(monkeypatch):
     monkeypatch.setattr(fp8, "device_name", lambda d: "a GPU of another architecture")
     monkeypatch.setattr(fp8, "capability_of", lambda d: (8, 0))
     assert fp8.resolve("rmsnorm_fp8_token", int(exact), gpu) == (fp8.heuristic(int(exact)), "heuristic")
+
+
+@pytest.mark.parametrize("group", [256, 128])
+def test_fp8_reads_per_head_views_in_place(group):
+    """Per-head (T, H, N) views of x and the residual reach the FP8 kernels uncopied (a reshape of
+    such a view is a clone of its storage; the interpreter's own transfers are copies, not clones),
+    and the outputs are the reference's."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from harness.run.checker import _check_tensors
+
+    class Clones(TorchDispatchMode):
+        def __init__(self, storages):
+            super().__init__()
+            self.storages, self.seen = storages, []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func.overloadpacket in (torch.ops.aten.clone, torch.ops.aten.contiguous):
+                if any(isinstance(a, torch.Tensor) and a.untyped_storage().data_ptr() in self.storages for a in args):
+                    self.seen.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    from harness.registry import get
+
+    k = get("triton").kernels(DEVICE)
+    g = torch.Generator().manual_seed(group)
+    for op in ("rmsnorm_fp8_token" if group == 256 else "rmsnorm_fp8_g128",
+               "add_rmsnorm_fp8_token" if group == 256 else "add_rmsnorm_fp8_g128"):  # fmt: skip
+        case = make_case(op, Shape((5, 3, 256)), torch.bfloat16, DEVICE, seed=group)
+        case["x"] = torch.randn(5, 7, 256, generator=g).to(DEVICE, torch.bfloat16)[:, 1:4]
+        if "residual" in case:
+            case["residual"] = torch.randn(5, 6, 256, generator=g).to(DEVICE, torch.bfloat16)[:, 2:5]
+        spy = Clones({case[t].untyped_storage().data_ptr() for t in ("x", "residual") if t in case})
+        with spy:
+            reports = _check_tensors(k, get_op(op), "fwd", case, rounded=False)
+        assert not spy.seen, (op, spy.seen)
+        assert all(r.passed for r in reports), [f"{r.name}: {r.reason}" for r in reports if not r.passed]

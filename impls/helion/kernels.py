@@ -102,8 +102,9 @@ The backward comes in two shapes; the pinned config says which one a row length 
   (M, 1, N)): the resident kernel's sum over the step's rows every step is a reduction across
   warps through shared memory, which for rows of 64-512 elements costs more than the step's loads.
 
-Either way the fp32 partial rows are summed after the kernel in fp32 and cast once: deterministic,
-no atomics.
+Either way the fp32 partial rows are summed after the kernel in fp32 and cast once, by a Helion
+kernel of their own (``summed``: one launch where ATen's sum and a cast took two), a column strip a
+program in a fixed order: deterministic, no atomics.
 
 Per-head views (``row_views``): q and k of a fused QKV projection are (T, H, N) views whose token
 stride spans all P heads, so no (M, N) view of their rows exists. The kernels ``*_fwd_heads`` and
@@ -619,8 +620,14 @@ def sum_partials_kernel(partial: torch.Tensor, out: torch.Tensor) -> torch.Tenso
 def summed(partial: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """The backward's dw (or db) from its partial rows in one launch, where ATen's sum and the cast
     to the parameter's dtype took two (4 and 1.2 us on an H100 at (131072, 128), of a 44 us
-    backward). Narrow column strips, so that even N = 128 spreads over several programs."""
+    backward): 1 to 8.5 points of the copy bandwidth from N = 128 on (H100, bf16,
+    reports/experiments/helion-sums/). Narrow column strips, so that even N = 128 spreads over
+    several programs. Rows of 64 keep ATen's two launches: there the kernel's four strips each walk
+    all the partial rows (one per row block of a short-row config, thousands), which ATen's
+    reduction splits over many programs (5 points ahead)."""
     n = partial.shape[1]
+    if n < 128:
+        return partial.sum(0).to(dtype)
     block_n = min(max(triton.next_power_of_2(n) // 256, 16), 256)
     config = {"block_sizes": [block_n, 4096 // block_n], "num_warps": 4}
     return launch(sum_partials_kernel, config, partial, partial.new_empty(n, dtype=dtype))
