@@ -731,9 +731,11 @@ def test_fp8_reads_per_head_views_in_place(group):
             self.storages, self.seen = storages, []
 
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            if func.overloadpacket in (torch.ops.aten.clone, torch.ops.aten.contiguous):
-                if any(isinstance(a, torch.Tensor) and a.untyped_storage().data_ptr() in self.storages for a in args):
-                    self.seen.append(str(func))
+            reads = [a for a in args if isinstance(a, torch.Tensor)]
+            if func.overloadpacket in (torch.ops.aten.clone, torch.ops.aten.contiguous) and any(
+                a.untyped_storage().data_ptr() in self.storages for a in reads
+            ):
+                self.seen.append(str(func))
             return func(*args, **(kwargs or {}))
 
     from harness.registry import get

@@ -66,3 +66,34 @@ def cli(warm, jobs, run) -> None:
         print(len(jobs()))
     else:
         run(sys.argv[2], float(sys.argv[3]), *(sys.argv[4:5] or ["bf16"]))
+
+
+def alternate(run, module, attr: str, variants: dict, rounds: int = 3) -> dict[str, list[float]]:
+    """ms per round of ``run()`` with ``module.attr`` patched to each of ``variants`` in turn (and
+    restored after every call), the variants alternating within a round so that a drift of the clocks
+    hits all alike; a round's figure is the median of one trial of CUDA-graph replays with the L2
+    flushed before each call, as the harness times short kernels (``harness.run.timer``)."""
+    from harness.run.timer import CudaTimer
+
+    timer = CudaTimer(warmup_ms=5, rep_ms=25, trials=1)
+    real = getattr(module, attr)
+    ms: dict[str, list[float]] = {}
+    for _ in range(rounds):
+        for name, value in variants.items():
+
+            def fn(value=value):
+                setattr(module, attr, value)
+                try:
+                    run()
+                finally:
+                    setattr(module, attr, real)
+
+            trial = timer.time(fn, graph="flushed")[0][0]
+            ms.setdefault(name, []).append(sorted(trial)[len(trial) // 2])
+    return ms
+
+
+def spreads(ms: dict[str, list[float]]) -> dict[str, float]:
+    """Per variant, its slowest round over its fastest, less one."""
+    return {k: round(max(t) / min(t) - 1, 4) for k, t in ms.items()}
+

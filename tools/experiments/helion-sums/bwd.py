@@ -15,6 +15,7 @@ Writes OUT/results.jsonl and OUT/meta.json; prints one line per point.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import sys
@@ -23,12 +24,11 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.getcwd())
 sys.path.insert(0, os.path.dirname(HERE))
 
-import torch  # noqa: E402
-from gpu_timing import finish_meta, start_meta  # noqa: E402
+import torch
+from gpu_timing import alternate, finish_meta, fraction, spreads, start_meta
 
-from harness.run.timer import CudaTimer  # noqa: E402
-from harness.spec.roofline import bytes_moved  # noqa: E402
-from impls.helion import kernels as K  # noqa: E402
+from harness.spec.roofline import bytes_moved
+from impls.helion import kernels as K
 
 ELEMS = 2**27
 PERHEAD = [(t, h, 128, p) for t, h, p in ((32768, 32, 48), (32768, 8, 48), (16384, 64, 80), (16384, 8, 80))]
@@ -62,7 +62,6 @@ def main(out: str) -> None:
     os.makedirs(out, exist_ok=True)
     meta = start_meta(experiment="helion-sums")
     copy = meta["copy_before"]["tbps"]
-    timer = CudaTimer(warmup_ms=5, rep_ms=25, trials=1)
     gen = torch.Generator(device="cuda").manual_seed(0)
     one = K.summed
     variants = {"one launch": one, "sum + cast": aten}
@@ -74,16 +73,11 @@ def main(out: str) -> None:
                 m = x.numel() // n
                 if op == "layernorm":
                     _, mean, rstd = K.layernorm_fwd(x, w, b, 1e-6)
-
-                    def bwd():
-                        return K.layernorm_bwd(dy, x, w, mean, rstd)
+                    bwd = functools.partial(K.layernorm_bwd, dy, x, w, mean, rstd)
                 else:
                     _, rstd = K.rmsnorm_fwd(x, w, 1e-6)
                     mean = None
-                    dres = dy if op == "add_rmsnorm" else None
-
-                    def bwd():
-                        return K.add_rmsnorm_bwd(dy, dres, x, w, rstd)
+                    bwd = functools.partial(K.add_rmsnorm_bwd, dy, dy if op == "add_rmsnorm" else None, x, w, rstd)
                 xd, dyd = x.reshape(m, n).double(), dy.reshape(m, n).double()
                 xc = xd - mean.reshape(m).double()[:, None] if mean is not None else xd
                 want_dw = (dyd * xc * rstd.reshape(m).double()[:, None]).sum(0)
@@ -98,21 +92,10 @@ def main(out: str) -> None:
                     rec["err"][v] = {"dw": error(res[1], want_dw)}
                     if op == "layernorm":
                         rec["err"][v]["db"] = error(res[2], dyd.sum(0))
-                for _ in range(3):
-                    for v, summing in variants.items():
-
-                        def fn(summing=summing):
-                            K.summed = summing
-                            try:
-                                bwd()
-                            finally:
-                                K.summed = one
-
-                        trials, _ = timer.time(fn, graph="flushed")
-                        rec["ms"].setdefault(v, []).append(sorted(trials[0])[len(trials[0]) // 2])
+                rec["ms"] = alternate(bwd, K, "summed", variants)
                 nbytes = bytes_moved(op, "bwd", m, n, 2).main
-                rec["frac"] = {v: round(nbytes / (sorted(t)[1] * 1e-3) / 1e12 / copy, 4) for v, t in rec["ms"].items()}
-                rec["spread"] = {v: round(max(t) / min(t) - 1, 4) for v, t in rec["ms"].items()}
+                rec["frac"] = {v: fraction(t, nbytes, copy) for v, t in rec["ms"].items()}
+                rec["spread"] = spreads(rec["ms"])
                 f.write(json.dumps(rec) + "\n")
                 f.flush()
                 print(f"{op:11s} {rec['shape']:28s} " + "  ".join(

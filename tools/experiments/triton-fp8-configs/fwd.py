@@ -19,6 +19,7 @@ fractions of the copy bandwidth, spreads) and OUT/meta.json; prints one line per
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import sys
@@ -27,14 +28,13 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.getcwd())
 sys.path.insert(0, os.path.dirname(HERE))
 
-import torch  # noqa: E402
-from gpu_timing import finish_meta, start_meta  # noqa: E402
+import torch
+from gpu_timing import alternate, finish_meta, fraction, spreads, start_meta
 
-from harness.run.timer import CudaTimer  # noqa: E402
-from harness.spec.roofline import bytes_moved  # noqa: E402
-from harness.spec.shapes import BETWEEN_N, SMALL_N, SWEEP_N  # noqa: E402
-from impls.triton import fp8  # noqa: E402
-from impls.triton.configs import choose  # noqa: E402
+from harness.spec.roofline import bytes_moved
+from harness.spec.shapes import BETWEEN_N, SMALL_N, SWEEP_N
+from impls.triton import fp8
+from impls.triton.configs import choose
 
 ELEMS = 2**27
 
@@ -52,7 +52,6 @@ def main(out: str, ns) -> None:
     os.makedirs(out, exist_ok=True)
     meta = start_meta(experiment="triton-fp8-configs")
     copy = meta["copy_before"]["tbps"]
-    timer = CudaTimer(warmup_ms=5, rep_ms=25, trials=1)
     gen = torch.Generator(device="cuda").manual_seed(0)
     table = fp8.launch_shape
     variants = {"table": borrowed, "heuristic": heuristic}
@@ -82,21 +81,10 @@ def main(out: str, ns) -> None:
                                                   q.view(torch.uint8) if q.dtype == torch.float8_e4m3fn else q)
                                       for p, q in zip(a, b) if p is not None)  # fmt: skip
                     del outs, a, b
-                    for _ in range(3):
-                        for v, shape in variants.items():
-
-                            def fn(shape=shape):
-                                fp8.launch_shape = shape
-                                try:
-                                    fp8._launch(x, residual, w, 1e-6, group)
-                                finally:
-                                    fp8.launch_shape = table
-
-                            trials, _ = timer.time(fn, graph="flushed")
-                            rec["ms"].setdefault(v, []).append(sorted(trials[0])[len(trials[0]) // 2])
+                    rec["ms"] = alternate(functools.partial(fp8._launch, x, residual, w, 1e-6, group), fp8, "launch_shape", variants)
                     nbytes = bytes_moved(name, "fwd", m, n, 2).main
-                    rec["frac"] = {v: round(nbytes / (sorted(t)[1] * 1e-3) / 1e12 / copy, 4) for v, t in rec["ms"].items()}
-                    rec["spread"] = {v: round(max(t) / min(t) - 1, 4) for v, t in rec["ms"].items()}
+                    rec["frac"] = {v: fraction(t, nbytes, copy) for v, t in rec["ms"].items()}
+                    rec["spread"] = spreads(rec["ms"])
                     f.write(json.dumps(rec) + "\n")
                     f.flush()
                     print(f"{name:22s} N={n:6d} same={rec['same']} " + "  ".join(
