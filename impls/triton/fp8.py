@@ -11,11 +11,11 @@ Per row of N elements, in fp32 (x, residual and w upcast right after loading):
 How a row is walked (rows a program, warps, chunk: ``resolve``, pinned per GPU, op and N in
 ``fp8_configs.json`` where a measured candidate beat the heuristic), in one of two kernels:
 
-* whole row: a [ROWS, next_pow2(N)] tile in registers. The scales
-  are the amax of y itself: per row a row reduction; per 1 x 128 block the tile is viewed as
-  [ROWS, BLOCK_N / 128, 128] and reduced along its last axis (the blocks never cross a row: N is a
-  multiple of 128), so q = y / scale broadcasts one scale over its block;
-* chunked (wider rows: the config's chunk, or its slice): pass 1 walks the row in CHUNK columns for the sum of squares (storing h for
+* whole row: a [ROWS, next_pow2(N)] tile in registers. The scales are the amax of y itself: per
+  row a row reduction; per 1 x 128 block the tile is viewed as [ROWS, BLOCK_N / 128, 128] and
+  reduced along its last axis (the blocks never cross a row: N is a multiple of 128), so
+  q = y / scale broadcasts one scale over its block;
+* chunked (wider rows): pass 1 walks the row in CHUNK columns for the sum of squares (storing h for
   the fused add) and, per row, the amax of |x * w|, whose product with rstd (> 0) is the amax of
   |y| up to fp32's rounding; pass 2 walks it again, last chunk first (still in L2), for y and q,
   and per 1 x 128 block takes each block's amax there (CHUNK is a multiple of 128). x is read twice,
