@@ -697,6 +697,7 @@ def test_fp8_launch_shapes_read_their_table_then_the_heuristic(monkeypatch):
                 assert set(e) == {"rows", "warps", "chunk"} and e["rows"] & (e["rows"] - 1) == 0, (gpu, op, n)
                 assert e["warps"] in (1, 2, 4, 8, 16, 32) and (e["chunk"] == 0 or C.bucket(e["chunk"]) == e["chunk"] >= 128)
     h100 = "NVIDIA H100 80GB HBM3"
+    monkeypatch.setattr(fp8, "_RESOLVED", {})  # what was resolved for the real device
     monkeypatch.setattr(fp8, "device_name", lambda d: h100)
     monkeypatch.setattr(fp8, "capability_of", lambda d: (9, 0))
     gpu = torch.device("cuda")
@@ -711,8 +712,17 @@ def test_fp8_launch_shapes_read_their_table_then_the_heuristic(monkeypatch):
     assert fp8.resolve("rmsnorm_fp8_token", missing, gpu) == (fp8.heuristic(missing),
                                                               f"heuristic (no entry for N={missing} in the table of {h100})")  # fmt: skip
     assert C.source("rmsnorm_fp8_token", "fwd", int(exact), "bf16", gpu) == "tuned"
+    # NORMBENCH_CONFIGS: a GPU with norm tables but no FP8 entries gives the heuristic; one unknown
+    # to every table is refused, as the norms refuse it
+    monkeypatch.setenv("NORMBENCH_CONFIGS", "NVIDIA H200")
+    assert fp8.resolve("rmsnorm_fp8_token", int(exact), gpu)[0] == fp8.heuristic(int(exact))
+    monkeypatch.setenv("NORMBENCH_CONFIGS", "no such GPU")
+    with pytest.raises(ValueError, match="no table for that GPU"):
+        fp8.resolve("rmsnorm_fp8_token", int(exact), gpu)
+    monkeypatch.delenv("NORMBENCH_CONFIGS")
     monkeypatch.setattr(fp8, "device_name", lambda d: "a GPU of another architecture")
     monkeypatch.setattr(fp8, "capability_of", lambda d: (8, 0))
+    fp8._RESOLVED.clear()  # a device keeps its name: only a test changes it
     assert fp8.resolve("rmsnorm_fp8_token", int(exact), gpu) == (fp8.heuristic(int(exact)), "heuristic")
 
 

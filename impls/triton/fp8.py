@@ -50,8 +50,9 @@ import triton
 import triton.language as tl
 
 from harness.spec.fp8 import AMAX_FLOOR, FP8_DTYPE, GROUP_BLOCK, contract_functions
+from harness.spec.tuned import ENV as TUNED_ENV
 from harness.spec.tuned import capability_of, table_for
-from impls.triton.configs import device_name
+from impls.triton.configs import device_name, pinned_table
 from impls.triton.kernels import _row_offsets, row_shape, row_strides
 
 INTERPRETED = tl.constexpr(os.environ.get("TRITON_INTERPRET", "0") == "1")
@@ -251,21 +252,35 @@ def _tables() -> dict:
         return {k: v for k, v in json.load(f).items() if not k.startswith("_")}
 
 
+# (op, N, device, the NORMBENCH_CONFIGS override) -> what ``resolve`` found: asked once, not on every
+# launch (a call's host time counts at small M)
+_RESOLVED: dict = {}
+
+
 def resolve(op: str, n: int, device: torch.device) -> tuple[tuple[int, int, int], str]:
     """((rows a program, warps, chunk: 0 for the whole row in registers), where it comes from):
     the entry of ``CONFIG_FILE`` for this GPU (or one of its compute capability), op and exactly N,
     else N's power-of-two bucket; else ``heuristic``."""
     if device.type != "cuda":
         return heuristic(n), "interpreter"
-    try:
-        gpu, how = table_for(device_name(device), _tables(), capability_of(device))
-    except ValueError:  # a NORMBENCH_CONFIGS override naming a GPU without FP8 entries
-        gpu, how = None, ""
-    by_n = _tables()[gpu].get(op, {}) if gpu else {}
+    key = (op, n, device, os.environ.get(TUNED_ENV))
+    hit = _RESOLVED.get(key)
+    if hit is None:
+        hit = _RESOLVED[key] = _lookup(op, n, device)
+    return hit
+
+
+def _lookup(op: str, n: int, device: torch.device) -> tuple[tuple[int, int, int], str]:
+    # a NORMBENCH_CONFIGS override may name a GPU with norm tables but no FP8 entries: its FP8
+    # shapes are then the heuristic's; one naming no tuned GPU at all is refused, as for the norms
+    override = os.environ.get(TUNED_ENV, "").strip()
+    tuned = {override: {}, **_tables()} if override in pinned_table() else _tables()
+    gpu, how = table_for(device_name(device), tuned, capability_of(device))
+    by_n = tuned[gpu].get(op, {}) if gpu else {}
     entry = by_n.get(str(n)) or by_n.get(str(triton.next_power_of_2(n)))
-    if entry is None:
-        return heuristic(n), "heuristic" if gpu is None else f"heuristic (no entry for N={n} in the table of {gpu})"
-    return (entry["rows"], entry["warps"], entry["chunk"]), how
+    if entry is not None:
+        return (entry["rows"], entry["warps"], entry["chunk"]), how
+    return heuristic(n), how if gpu is None else f"heuristic (no entry for N={n} in the table of {gpu})"
 
 
 def heuristic(n: int) -> tuple[int, int, int]:
